@@ -1,0 +1,58 @@
+"""AttentionBackend: the contract between RadixAttention layers and a kernel implementation.
+
+Contract: `forward` first writes the new K/V at `forward_batch.out_cache_loc` into the KV
+pool, then attends each request's queries over its whole history, read through
+`req_to_token[req_pool_indices[i], :seq_lens[i]]`. `init_forward_metadata` runs once per
+forward (not per layer) and may precompute indices shared by all layers.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from radixserve.engine.layers.radix_attention import RadixAttention
+    from radixserve.engine.model_executor.forward_batch import ForwardBatch
+
+
+class AttentionBackend(ABC):
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:  # noqa: B027
+        """Per-forward precomputation; the default backend needs none."""
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """q: [T, Hq·D], k/v: [T, Hkv·D] → [T, Hq·D]."""
+        if forward_batch.forward_mode.is_decode():
+            return self.forward_decode(q, k, v, layer, forward_batch)
+        return self.forward_extend(q, k, v, layer, forward_batch)
+
+    @abstractmethod
+    def forward_extend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """EXTEND and MIXED batches: causal attention over cached prefix + new tokens."""
+
+    @abstractmethod
+    def forward_decode(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """DECODE batches: one query per request over its whole history."""

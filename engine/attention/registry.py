@@ -1,0 +1,24 @@
+"""Name → attention backend factory. Hardware branching happens here and nowhere else."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from radixserve.engine.attention.base import AttentionBackend
+from radixserve.engine.attention.torch_backend import TorchNativeAttnBackend
+
+_BACKENDS: dict[str, Callable[[], AttentionBackend]] = {
+    "torch": TorchNativeAttnBackend,
+    "torch_native": TorchNativeAttnBackend,
+}
+
+
+def available_backends() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def create_attention_backend(name: str) -> AttentionBackend:
+    factory = _BACKENDS.get(name)
+    if factory is None:
+        raise ValueError(f"attention_backend: unknown {name!r}; available: {available_backends()}")
+    return factory()

@@ -1,0 +1,94 @@
+"""ServerArgs: the one frozen configuration object of an engine replica.
+
+Built once (from keyword arguments or the CLI), validated at construction with errors that
+name the field, then passed down; lower layers receive only the slices they need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerArgs:
+    model_path: str = "smollm2-135m"
+    served_model_name: str | None = None
+    dtype: str = "float32"
+    device: str = "cpu"
+    random_seed: int = 0
+    # KV memory
+    page_size: int = 1
+    max_total_tokens: int | None = None
+    mem_fraction_static: float | None = None  # None: 0.88 on GPU, 0.2 of free RAM on CPU
+    max_running_requests: int | None = None
+    # scheduling
+    chunked_prefill_size: int | None = None  # None / -1: no chunking
+    max_prefill_tokens: int = 16384
+    schedule_policy: str = "fcfs"
+    disable_radix_cache: bool = False
+    attention_backend: str = "torch"
+
+    def __post_init__(self) -> None:
+        _check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        _check(self.page_size >= 1, "page_size", f"must be ≥ 1, got {self.page_size}")
+        _check(
+            self.max_total_tokens is None or self.max_total_tokens > 0,
+            "max_total_tokens",
+            f"must be > 0, got {self.max_total_tokens}",
+        )
+        _check(
+            self.mem_fraction_static is None or 0 < self.mem_fraction_static < 1,
+            "mem_fraction_static",
+            f"must be in (0, 1), got {self.mem_fraction_static}",
+        )
+        _check(
+            self.max_running_requests is None or self.max_running_requests >= 1,
+            "max_running_requests",
+            f"must be ≥ 1, got {self.max_running_requests}",
+        )
+        _check(
+            self.max_prefill_tokens >= 1,
+            "max_prefill_tokens",
+            f"must be ≥ 1, got {self.max_prefill_tokens}",
+        )
+        _check(
+            self.schedule_policy in POLICIES,
+            "schedule_policy",
+            f"must be one of {POLICIES}, got {self.schedule_policy!r}",
+        )
+        chunk = self.chunked_prefill_size
+        _check(
+            chunk is None or chunk == -1 or chunk >= self.page_size,
+            "chunked_prefill_size",
+            f"must be -1 (off) or ≥ page_size, got {chunk}",
+        )
+
+    @property
+    def chunk_size(self) -> int | None:
+        """Chunked prefill budget in tokens, or None when chunking is off."""
+        if self.chunked_prefill_size is None or self.chunked_prefill_size == -1:
+            return None
+        return self.chunked_prefill_size
+
+    @property
+    def resolved_dtype(self) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        return "float32" if self.device == "cpu" else "bfloat16"
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(f"unknown engine argument(s): {unknown}")
+        return cls(**kwargs)
+
+
+def _check(ok: bool, name: str, message: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}: {message}")

@@ -1,0 +1,1 @@
+"""Entry points of a replica: the offline Engine (and, later, the HTTP server)."""

@@ -1,0 +1,82 @@
+"""Engine: the offline API, shaped like `sglang.Engine`.
+
+`Engine(model_path=..., dtype=..., ...)` loads the model and runs the scheduler in this
+process; `generate(...)` blocks until every request finishes. The HTTP server reuses the
+same request building and output shaping.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.entrypoints.request_builder import build_output, build_reqs, normalize_inputs
+from radixserve.engine.managers.scheduler import Scheduler
+from radixserve.engine.model_executor.model_runner import ModelRunner
+from radixserve.engine.model_loader import load_model_files, resolve_model
+from radixserve.engine.model_loader.loader import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class Engine:
+    def __init__(self, **kwargs: Any) -> None:
+        self.server_args = args = ServerArgs.from_kwargs(**kwargs)
+        torch.manual_seed(args.random_seed)
+        self.source = resolve_model(args.model_path)
+        files = load_model_files(self.source, args.resolved_dtype)
+        self.model_config = files.config
+        self.tokenizer = load_tokenizer(self.source)
+        self.runner = ModelRunner(args, files)
+        eos = set(files.config.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(int(self.tokenizer.eos_token_id))
+        self.eos_token_ids = frozenset(eos)
+        self.scheduler = Scheduler(args, self.runner, self._decode_tail)
+
+    def _decode_tail(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def generate(  # noqa: PLR0913 - sglang.Engine.generate's public signature
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        """Generate for one prompt (→ dict) or a batch (→ list, n outputs per prompt)."""
+        batch = normalize_inputs(self.tokenizer, prompt, input_ids, sampling_params)
+        groups = build_reqs(
+            batch,
+            self.tokenizer,
+            self.eos_token_ids,
+            self.model_config.vocab_size,
+            return_logprob,
+            top_logprobs_num,
+        )
+        reqs = [r for g in groups for r in g]
+        for req in reqs:
+            self.scheduler.add_request(req)
+        while not all(r.finished() for r in reqs):
+            self.scheduler.step()
+        # Drain bookkeeping of the last batch so the pool is back to idle.
+        while self.scheduler.has_work():
+            self.scheduler.step()
+        outputs = [build_output(r, self.tokenizer) for r in reqs]
+        if batch.is_single and len(outputs) == 1:
+            return outputs[0]
+        return outputs
+
+    def shutdown(self) -> None:
+        """Release the model and pools (a no-op beyond that for the in-process engine)."""
+        self.scheduler.waiting_queue.clear()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

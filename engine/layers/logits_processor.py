@@ -1,0 +1,37 @@
+"""LogitsProcessor: picks the hidden state of each request's last new token and applies the
+LM head; with `return_all_logits` it also returns logits at every new position (for input
+logprobs). Logits are returned in float32 whatever the model dtype, for stable sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from radixserve.engine.layers.vocab_embedding import LMHead
+    from radixserve.engine.model_executor.forward_batch import ForwardBatch
+
+
+@dataclass(frozen=True, slots=True)
+class LogitsProcessorOutput:
+    next_token_logits: torch.Tensor  # [B, V] float32
+    all_logits: torch.Tensor | None = None  # [T, V] float32 when asked for
+
+
+class LogitsProcessor(nn.Module):
+    def forward(
+        self, hidden: torch.Tensor, lm_head: LMHead, forward_batch: ForwardBatch
+    ) -> LogitsProcessorOutput:
+        """hidden: [T, hidden] for all new tokens of the batch."""
+        if forward_batch.forward_mode.is_decode():
+            last = hidden
+        else:
+            ends = torch.tensor(forward_batch.extend_seq_lens_cpu, device=hidden.device).cumsum(0)
+            last = hidden[ends - 1]
+        logits = lm_head(last).float()
+        all_logits = lm_head(hidden).float() if forward_batch.return_all_logits else None
+        return LogitsProcessorOutput(logits, all_logits)

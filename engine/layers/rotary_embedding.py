@@ -1,0 +1,96 @@
+"""Rotary position embedding (NeoX / HF "rotate_half" layout) with the rope-scaling variants
+the supported configs use: default, linear, llama3 and yarn.
+
+The cos/sin table is computed once for all positions up to max_position in float32; each
+forward gathers rows by the batch's `positions`, so any mix of requests and offsets works.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from radixserve.engine.configs.model_config import RopeScaling
+
+
+def _base_inv_freq(head_dim: int, base: float) -> torch.Tensor:
+    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, s: RopeScaling, max_pos: int) -> torch.Tensor:
+    old_ctx = s.original_max_position_embeddings or max_pos
+    low_wavelen = old_ctx / s.low_freq_factor
+    high_wavelen = old_ctx / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn_inv_freq(
+    head_dim: int, base: float, s: RopeScaling, max_pos: int
+) -> tuple[torch.Tensor, float]:
+    orig = s.original_max_position_embeddings or max_pos
+
+    def correction_dim(num_rotations: float) -> float:
+        return (head_dim * math.log(orig / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(s.beta_fast)), 0)
+    high = min(math.ceil(correction_dim(s.beta_slow)), head_dim - 1)
+    if low == high:
+        high += 0.001  # avoid a zero-width ramp
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp
+    pos_freqs = base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    inv_freq = (1 / (s.factor * pos_freqs)) * (1 - extrapolation) + (1 / pos_freqs) * extrapolation
+    attn_factor = s.attention_factor
+    if attn_factor is None:
+        attn_factor = 0.1 * math.log(s.factor) + 1.0 if s.factor > 1 else 1.0
+    return inv_freq, float(attn_factor)
+
+
+def compute_inv_freq(
+    head_dim: int, base: float, scaling: RopeScaling, max_pos: int
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [head_dim // 2] and the cos/sin multiplier for a scaling type."""
+    kind = scaling.rope_type
+    if kind == "default":
+        return _base_inv_freq(head_dim, base), 1.0
+    if kind == "linear":
+        return _base_inv_freq(head_dim, base) / scaling.factor, 1.0
+    if kind == "llama3":
+        return _llama3_inv_freq(_base_inv_freq(head_dim, base), scaling, max_pos), 1.0
+    if kind == "yarn":
+        return _yarn_inv_freq(head_dim, base, scaling, max_pos)
+    raise ValueError(
+        f"rope_scaling.rope_type {kind!r} is not supported (default, linear, llama3, yarn)"
+    )
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, max_position: int, base: float, scaling: RopeScaling) -> None:
+        super().__init__()
+        inv_freq, mscale = compute_inv_freq(head_dim, base, scaling, max_position)
+        t = torch.arange(max_position, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        # Buffers, not parameters: they follow .to(device) but are never loaded from weights.
+        self.register_buffer("cos_cached", emb.cos() * mscale, persistent=False)
+        self.register_buffer("sin_cached", emb.sin() * mscale, persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: [T] int64; q: [T, Hq, D]; k: [T, Hkv, D]. Returns rotated (q, k)."""
+        cos = self.cos_cached[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin_cached[positions].unsqueeze(1).to(q.dtype)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin

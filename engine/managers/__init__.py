@@ -1,0 +1,1 @@
+"""Process owners and the scheduler's CPU-side data: Req, ScheduleBatch, Scheduler."""

@@ -1,0 +1,141 @@
+"""PrefillAdder: decides which waiting requests join the next prefill batch, within budgets.
+
+Budgets (tokens), as in SGLang:
+- rem_total_tokens = free + evictable − Σ running reservations, where a running request
+  reserves min(max_new − generated, CLIP) × new_token_ratio, and each admitted request
+  reserves its extend length plus its full clipped max_new_tokens;
+- cur_rem_tokens = free + evictable − tokens admitted this round (no future reservations);
+- rem_input_tokens = max_prefill_tokens (the first request may exceed it);
+- rem_chunk_tokens = chunked_prefill_size: a request that does not fit is cut to a page
+  multiple and becomes the (single) chunked request.
+Mixed decode tokens are charged against every budget up front.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum, auto
+
+from radixserve.engine.managers.req import Req
+from radixserve.engine.mem_cache.allocator import BaseTokenAllocator
+from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache
+
+CLIP_MAX_NEW_TOKENS = 4096
+
+
+class AddReqResult(Enum):
+    CONTINUE = auto()  # admitted; keep going
+    NO_TOKEN = auto()  # out of KV memory
+    OTHER = auto()  # input or chunk budget exhausted
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillBudget:
+    page_size: int
+    max_prefill_tokens: int
+    chunk_size: int | None
+    new_token_ratio: float
+    mixed_decode_tokens: int = 0
+
+
+def _ceil_page(n: int, page: int) -> int:
+    return -(-n // page) * page
+
+
+class PrefillAdder:
+    def __init__(
+        self,
+        budget: PrefillBudget,
+        tree_cache: BasePrefixCache,
+        allocator: BaseTokenAllocator,
+        running_reqs: list[Req],
+    ) -> None:
+        self.page_size = budget.page_size
+        self.tree_cache = tree_cache
+        self.allocator = allocator
+        mixed = budget.mixed_decode_tokens
+        reserved = sum(
+            min(max(r.sampling_params.max_new_tokens - len(r.output_ids), 0), CLIP_MAX_NEW_TOKENS)
+            for r in running_reqs
+        )
+        self.rem_total_token_offset = reserved * budget.new_token_ratio + mixed
+        self.cur_rem_token_offset = float(mixed)
+        self.rem_input_tokens = budget.max_prefill_tokens - mixed
+        self.rem_chunk_tokens = None if budget.chunk_size is None else budget.chunk_size - mixed
+        self.can_run_list: list[Req] = []
+        self.new_chunked_req: Req | None = None
+
+    def _available(self) -> int:
+        return self.allocator.available_size() + self.tree_cache.evictable_size()
+
+    @property
+    def rem_total_tokens(self) -> float:
+        return self._available() - self.rem_total_token_offset
+
+    @property
+    def cur_rem_tokens(self) -> float:
+        return self._available() - self.cur_rem_token_offset
+
+    def budget_state(self) -> AddReqResult:
+        if self.rem_total_tokens <= 0 or self.cur_rem_tokens <= 0:
+            return AddReqResult.NO_TOKEN
+        if self.rem_input_tokens <= 0 or (
+            self.rem_chunk_tokens is not None and self.rem_chunk_tokens <= 0
+        ):
+            return AddReqResult.OTHER
+        return AddReqResult.CONTINUE
+
+    def _update_budget(self, extend_len: int, max_new: int) -> None:
+        extend_len = _ceil_page(extend_len, self.page_size)
+        self.rem_total_token_offset += extend_len + max_new
+        self.cur_rem_token_offset += extend_len
+        self.rem_input_tokens -= extend_len
+        if self.rem_chunk_tokens is not None:
+            self.rem_chunk_tokens -= extend_len
+
+    def add_chunked_req(self, req: Req) -> Req | None:
+        """Continue the chunked request first; returns it if it stays chunked."""
+        room = int(min(self.rem_chunk_tokens or req.extend_input_len, self.rem_total_tokens))
+        truncated = req.extend_input_len > room
+        if truncated:
+            room = room // self.page_size * self.page_size
+            if room <= 0:
+                return req  # no room this round; it keeps its place as the chunked request
+        req.extend_input_len = min(req.extend_input_len, room)
+        req.fill_ids = req.fill_ids[: len(req.prefix_indices) + req.extend_input_len]
+        self.can_run_list.append(req)
+        self._update_budget(req.extend_input_len, 0 if truncated else _max_new(req))
+        return req if truncated else None
+
+    def add_one_req(self, req: Req) -> AddReqResult:
+        max_new = _max_new(req)
+        if req.extend_input_len + max_new >= self.rem_total_tokens:
+            return AddReqResult.NO_TOKEN
+        real_input = _ceil_page(req.extend_input_len, self.page_size)
+        if real_input >= self.rem_input_tokens and self.can_run_list:
+            return AddReqResult.OTHER
+        # Pin the matched prefix so that counting it as "evictable" stays honest.
+        self.tree_cache.inc_lock_ref(req.last_node)
+        if req.extend_input_len + max_new >= self.rem_total_tokens:
+            self.tree_cache.dec_lock_ref(req.last_node)
+            return AddReqResult.NO_TOKEN
+        chunk = self.rem_chunk_tokens
+        if chunk is None or real_input <= chunk:
+            self.can_run_list.append(req)
+            self._update_budget(req.extend_input_len, max_new)
+            return self.budget_state()
+        trunc = chunk // self.page_size * self.page_size
+        if trunc <= 0:
+            self.tree_cache.dec_lock_ref(req.last_node)
+            return AddReqResult.OTHER
+        req.extend_input_len = trunc
+        req.fill_ids = req.fill_ids[: len(req.prefix_indices) + trunc]
+        self.can_run_list.append(req)
+        self.new_chunked_req = req
+        self._update_budget(trunc, 0)
+        return self.budget_state()
+
+
+def _max_new(req: Req) -> int:
+    remaining = req.sampling_params.max_new_tokens - len(req.output_ids)
+    return min(max(remaining, 0), CLIP_MAX_NEW_TOKENS)

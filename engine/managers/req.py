@@ -1,0 +1,113 @@
+"""Req: one generation request as the scheduler tracks it (CPU-side, no tensors of its own
+but the KV slot indices of its prefix).
+
+Lengths to keep apart: `origin_input_ids` (prompt), `output_ids` (generated so far),
+`fill_ids` (what the next extend computes up to: prompt + outputs, possibly cut to a chunk),
+`prefix_indices` (KV slots of the already computed / cached part of fill_ids).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from radixserve.engine.managers.finish_reason import (
+    FinishLength,
+    FinishMatchedStr,
+    FinishMatchedToken,
+    FinishReason,
+)
+from radixserve.engine.sampling import SamplingParams, SamplingRow
+
+TailDecoder = Callable[[list[int]], str]
+
+
+@dataclass(frozen=True, slots=True)
+class StopCriteria:
+    """What ends a request besides length: EOS/stop token ids and stop strings."""
+
+    stop_token_ids: frozenset[int]
+    stop_strs: tuple[str, ...] = ()
+    stop_str_max_tokens: int = 0  # longest stop string, in tokens (bounds the tail decode)
+
+
+@dataclass(eq=False, slots=True)
+class Req:
+    rid: str
+    origin_input_ids: list[int]
+    sampling_params: SamplingParams
+    stop: StopCriteria
+    generator: torch.Generator | None = None
+    origin_input_text: str | None = None
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    arrival_time: float = 0.0
+
+    output_ids: list[int] = field(default_factory=list)
+    fill_ids: list[int] = field(default_factory=list)
+    # memory
+    req_pool_idx: int | None = None
+    prefix_indices: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    last_node: Any = None
+    cache_protected_len: int = 0
+    kv_allocated_len: int = 0  # positions with a KV slot in req_to_token[req_pool_idx]
+    extend_input_len: int = 0
+    # status
+    finished_reason: FinishReason | None = None
+    to_finish: FinishReason | None = None
+    is_chunked: int = 0
+    is_retracted: bool = False
+    retraction_count: int = 0
+    cached_tokens: int = 0
+    # outputs
+    output_token_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+
+    @property
+    def seqlen(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def full_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    def init_next_round_input(self) -> None:
+        """Everything with no KV yet is computed next: prompt + outputs beyond the prefix."""
+        self.fill_ids = self.full_ids()
+        self.extend_input_len = len(self.fill_ids) - len(self.prefix_indices)
+
+    def sampling_row(self) -> SamplingRow:
+        return SamplingRow(
+            params=self.sampling_params,
+            prompt_ids=self.origin_input_ids,
+            output_ids=self.output_ids,
+            stop_token_ids=self.stop.stop_token_ids,
+            generator=self.generator,
+        )
+
+    def check_finished(self, decode_tail: TailDecoder) -> None:
+        """Set `finished_reason` after a token was appended (SGLang's order of checks)."""
+        if self.finished():
+            return
+        if self.to_finish is not None:
+            self.finished_reason, self.to_finish = self.to_finish, None
+            return
+        params = self.sampling_params
+        if len(self.output_ids) >= params.max_new_tokens:
+            self.finished_reason = FinishLength(params.max_new_tokens)
+            return
+        last = self.output_ids[-1]
+        if not params.ignore_eos and last in self.stop.stop_token_ids:
+            self.finished_reason = FinishMatchedToken(last)
+            return
+        if self.stop.stop_strs:
+            tail = decode_tail(self.output_ids[-(self.stop.stop_str_max_tokens + 2) :])
+            for s in self.stop.stop_strs:
+                if s in tail:
+                    self.finished_reason = FinishMatchedStr(s)
+                    return

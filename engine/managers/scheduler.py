@@ -1,0 +1,217 @@
+"""Scheduler: continuous batching over one ModelRunner (the loop of one rank).
+
+Each `step()`: finish bookkeeping of the last prefill (merge it into the running batch),
+try a new prefill batch (prefill has priority), otherwise run one decode step, then sample
+and process results. Memory pressure during decode retracts requests back to the queue.
+It is driven in-process by the offline Engine or by the scheduler process loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.managers.finish_reason import FinishAbort
+from radixserve.engine.managers.prefill_adder import AddReqResult, PrefillAdder, PrefillBudget
+from radixserve.engine.managers.req import Req, TailDecoder
+from radixserve.engine.managers.retraction import NewTokenRatio, retract_decode
+from radixserve.engine.managers.schedule_batch import KVContext, ScheduleBatch
+from radixserve.engine.mem_cache.chunk_cache import ChunkCache
+from radixserve.engine.model_executor.forward_batch import ForwardMode
+from radixserve.engine.model_executor.model_runner import ModelRunner
+from radixserve.engine.sampling import SampleOutput, Sampler, SamplingBatchInfo
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, args: ServerArgs, runner: ModelRunner, decode_tail: TailDecoder) -> None:
+        self.args = args
+        self.runner = runner
+        self.decode_tail = decode_tail
+        tree_cache = ChunkCache(runner.req_to_token_pool, runner.allocator)
+        self.kv = KVContext(
+            runner.req_to_token_pool, runner.token_to_kv_pool, runner.allocator, tree_cache
+        )
+        self.max_total_tokens = runner.sizes.max_total_tokens
+        self.max_running_requests = min(
+            runner.sizes.max_num_reqs, args.max_running_requests or runner.sizes.max_num_reqs
+        )
+        context_len = runner.model_config.context_len
+        self.max_req_len = min(context_len - 1, self.max_total_tokens - 1)
+        self.max_req_input_len = self.max_req_len - 5
+        self.waiting_queue: list[Req] = []
+        self.running_batch = ScheduleBatch([], self.kv)
+        self.last_batch: ScheduleBatch | None = None
+        self.chunked_req: Req | None = None
+        self.ratio = NewTokenRatio.create(conservativeness=1.0)
+        self.sampler = Sampler()
+        self.total_retractions = 0
+
+    @property
+    def tree_cache(self) -> ChunkCache:
+        return self.kv.tree_cache  # type: ignore[return-value]
+
+    # ---- admission -------------------------------------------------------------------------
+
+    def add_request(self, req: Req) -> None:
+        """Validate lengths (abort with a message instead of raising), clamp max_new_tokens."""
+        n = len(req.origin_input_ids)
+        if n == 0:
+            req.finished_reason = FinishAbort("the prompt is empty", 400)
+        elif n > self.max_req_input_len:
+            req.finished_reason = FinishAbort(
+                f"the prompt has {n} tokens, more than this server's limit of "
+                f"{self.max_req_input_len}",
+                400,
+            )
+        if req.finished():
+            return
+        params = req.sampling_params
+        params.max_new_tokens = min(params.max_new_tokens, self.max_req_len - n - 1)
+        req.arrival_time = req.arrival_time or time.monotonic()
+        self.waiting_queue.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting_queue or self.running_batch.reqs or self.chunked_req)
+
+    # ---- batch selection -------------------------------------------------------------------
+
+    def get_next_batch_to_run(self) -> ScheduleBatch | None:
+        if self.chunked_req is not None:
+            self.tree_cache.cache_unfinished_req(self.chunked_req)
+        last = self.last_batch
+        if last is not None and last.forward_mode.is_extend_like():
+            keep = [r for r in last.reqs if r is not self.chunked_req and not r.finished()]
+            keep = [r for r in keep if r not in last.decoding_reqs]
+            if keep:
+                self.running_batch.merge_batch(ScheduleBatch(keep, self.kv))
+        new_batch = self.get_new_batch_prefill()
+        if new_batch is not None:
+            return new_batch
+        self.running_batch.filter_batch()
+        if self.running_batch.reqs:
+            return self.update_running_batch()
+        return None
+
+    def get_new_batch_prefill(self) -> ScheduleBatch | None:
+        if not self.waiting_queue and self.chunked_req is None:
+            return None
+        running = self.running_batch.reqs
+        budget = PrefillBudget(
+            self.args.page_size,
+            self.args.max_prefill_tokens,
+            self.args.chunk_size,
+            self.ratio.value,
+        )
+        adder = PrefillAdder(budget, self.tree_cache, self.kv.allocator, running)
+        if self.chunked_req is not None:
+            self.chunked_req.init_next_round_input()
+            self.chunked_req = adder.add_chunked_req(self.chunked_req)
+        for req in list(self.waiting_queue):
+            if len(adder.can_run_list) + len(running) >= self.max_running_requests:
+                break
+            self._match_prefix(req)
+            if adder.add_one_req(req) is not AddReqResult.CONTINUE:
+                break
+        if not adder.can_run_list:
+            return None
+        admitted = set(map(id, adder.can_run_list))
+        self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
+        if adder.new_chunked_req is not None:
+            self.chunked_req = adder.new_chunked_req
+        if self.chunked_req is not None:
+            self.chunked_req.is_chunked += 1
+        batch = ScheduleBatch(adder.can_run_list, self.kv)
+        batch.prepare_for_extend()
+        return batch
+
+    def _match_prefix(self, req: Req) -> None:
+        key = req.full_ids()
+        # At least one token must be computed to get logits for the next token.
+        match = self.tree_cache.match_prefix(key[: len(key) - 1])
+        req.prefix_indices, req.last_node = match.indices, match.last_node
+        req.init_next_round_input()
+
+    def update_running_batch(self) -> ScheduleBatch:
+        batch = self.running_batch
+        batch.filter_batch()
+        if not self._decode_mem_ok(batch):
+            retracted = retract_decode(batch, self.tree_cache, self._decode_mem_ok)
+            self.total_retractions += len(retracted)
+            self.waiting_queue.extend(retracted)
+            self.ratio.after_retraction(batch.reqs)
+            logger.info(
+                "retract_decode count=%d new_token_ratio=%.3f", len(retracted), self.ratio.value
+            )
+        else:
+            self.ratio.decay()
+        batch.prepare_for_decode()
+        return batch
+
+    def _decode_mem_ok(self, batch: ScheduleBatch) -> bool:
+        ps = self.args.page_size
+        need = sum(1 for r in batch.reqs if r.seqlen % ps == 1 % ps) * ps
+        if self.kv.allocator.available_size() >= need:
+            return True
+        self.tree_cache.evict(need)
+        return self.kv.allocator.available_size() >= need
+
+    # ---- run + results ---------------------------------------------------------------------
+
+    def step(self) -> list[Req]:
+        """Run one batch; returns requests that received a token or finished."""
+        batch = self.get_next_batch_to_run()
+        self.last_batch = batch
+        if batch is None:
+            self.ratio.reset()
+            return []
+        out = self.run_batch(batch)
+        return self.process_batch_result(batch, out)
+
+    def run_batch(self, batch: ScheduleBatch) -> SampleOutput:
+        fb = batch.to_forward_batch(self.runner.device, self.runner.attn_backend)
+        logits = self.runner.forward(fb).next_token_logits
+        info = SamplingBatchInfo.build(
+            [r.sampling_row() for r in batch.reqs], logits.shape[-1], logits.device
+        )
+        nums = [r.top_logprobs_num for r in batch.reqs]
+        return self.sampler.sample(logits, info, nums if any(nums) else None)
+
+    def process_batch_result(self, batch: ScheduleBatch, out: SampleOutput) -> list[Req]:
+        ids = out.next_token_ids.tolist()
+        logprobs = out.logprobs.tolist()
+        updated: list[Req] = []
+        for i, req in enumerate(batch.reqs):
+            if batch.forward_mode is ForwardMode.EXTEND and req.is_chunked > 0:
+                req.is_chunked -= 1
+                continue
+            req.output_ids.append(ids[i])
+            if req.return_logprob:
+                req.output_token_logprobs.append(logprobs[i])
+                if out.top_logprobs is not None:
+                    req.output_top_logprobs.append(out.top_logprobs[i])
+            req.check_finished(self.decode_tail)
+            if req.finished():
+                self.tree_cache.cache_finished_req(req)
+            elif batch.forward_mode.is_extend_like() and req not in batch.decoding_reqs:
+                self.tree_cache.cache_unfinished_req(req)
+            updated.append(req)
+        return updated
+
+    def abort_request(self, rid: str) -> None:
+        for req in list(self.waiting_queue):
+            if req.rid == rid:
+                self.waiting_queue.remove(req)
+                req.finished_reason = FinishAbort("aborted by request", 400)
+        for req in self.running_batch.reqs:
+            if req.rid == rid:
+                req.to_finish = FinishAbort("aborted by request", 400)
+
+    def check_memory_invariant(self) -> None:
+        """When idle: free + evictable + protected must equal the pool size (no leak)."""
+        free = self.kv.allocator.available_size()
+        total = free + self.tree_cache.evictable_size() + self.tree_cache.protected_size()
+        if total != self.max_total_tokens:
+            raise RuntimeError(f"KV leak: free {free} + cached ≠ pool {self.max_total_tokens}")

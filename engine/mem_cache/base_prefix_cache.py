@@ -1,0 +1,56 @@
+"""BasePrefixCache: what the scheduler asks of a prefix cache (radix tree or none).
+
+Ownership: KV slots in `prefix_indices` up to `req.cache_protected_len` belong to the cache
+(and are pinned by the request's lock on `req.last_node`); slots beyond belong to the request
+until `cache_unfinished_req` / `cache_finished_req` hands them over or frees them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+
+if TYPE_CHECKING:
+    from radixserve.engine.managers.req import Req
+
+
+class MatchResult(NamedTuple):
+    indices: torch.Tensor  # [n] int64 KV slots of the matched prefix
+    last_node: Any  # node to lock while the request uses the prefix
+
+
+class BasePrefixCache(ABC):
+    @abstractmethod
+    def match_prefix(self, key: list[int]) -> MatchResult:
+        """Longest cached prefix of `key` (page-aligned)."""
+
+    @abstractmethod
+    def cache_unfinished_req(self, req: Req) -> None:
+        """After a prefill or chunk: make req.fill_ids' KV reusable, update req.prefix_indices."""
+
+    @abstractmethod
+    def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
+        """At finish (or retraction when is_insert=False): hand over or free all of req's KV
+        and its ReqToTokenPool row, and drop its lock."""
+
+    @abstractmethod
+    def evict(self, num_tokens: int) -> int:
+        """Free at least num_tokens unlocked cached tokens if possible; returns tokens freed."""
+
+    def inc_lock_ref(self, node: Any) -> None:  # noqa: B027 - no-op when nothing is shared
+        """Pin node and its ancestors."""
+
+    def dec_lock_ref(self, node: Any) -> None:  # noqa: B027
+        """Unpin node and its ancestors."""
+
+    def evictable_size(self) -> int:
+        return 0
+
+    def protected_size(self) -> int:
+        return 0
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Drop everything cached (the caller clears the pools)."""

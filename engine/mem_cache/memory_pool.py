@@ -1,0 +1,79 @@
+"""ReqToTokenPool (request row × position → KV slot) and MHATokenToKVPool (per-layer K/V).
+
+Slot 0 of the KV pool is never handed out: padded entries (CUDA-graph padding, idle ranks)
+write there harmlessly. Pools are plain tensors owned by the ModelRunner of one rank.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ReqToTokenPool:
+    """Rows of KV slot indices, one row per running request."""
+
+    def __init__(self, size: int, max_context_len: int, device: torch.device) -> None:
+        self.size = size
+        self.max_context_len = max_context_len
+        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
+        self._free_rows: list[int] = list(range(size))
+
+    def available_size(self) -> int:
+        return len(self._free_rows)
+
+    def alloc(self, n: int) -> list[int] | None:
+        """n free rows, or None (nothing taken) when fewer are free."""
+        if n > len(self._free_rows):
+            return None
+        rows, self._free_rows = self._free_rows[:n], self._free_rows[n:]
+        return rows
+
+    def free(self, row: int) -> None:
+        self._free_rows.append(row)
+
+    def write(self, row: int, start: int, slots: torch.Tensor) -> None:
+        """req_to_token[row, start:start+len(slots)] = slots."""
+        self.req_to_token[row, start : start + slots.numel()] = slots.to(torch.int32)
+
+    def clear(self) -> None:
+        self._free_rows = list(range(self.size))
+
+
+class MHATokenToKVPool:
+    """K and V buffers per layer: [size + page_size, num_kv_heads, head_dim]."""
+
+    def __init__(  # noqa: PLR0913 - the shape of a KV pool has this many independent facts
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        num_kv_heads: int,
+        head_dim: int,
+        num_layers: int,
+        device: torch.device,
+    ) -> None:
+        self.size = size
+        self.page_size = page_size
+        self.dtype = dtype
+        self.device = device
+        shape = (size + page_size, num_kv_heads, head_dim)
+        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @staticmethod
+    def cell_size_bytes(
+        num_kv_heads: int, head_dim: int, num_layers: int, dtype: torch.dtype
+    ) -> int:
+        """Bytes of K+V for one token across all layers."""
+        elem = torch.tensor([], dtype=dtype).element_size()
+        return 2 * num_layers * num_kv_heads * head_dim * elem
+
+    def set_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """loc: [T] int64 slots; k, v: [T, num_kv_heads, head_dim]."""
+        self.k_buffer[layer_id][loc] = k.to(self.dtype)
+        self.v_buffer[layer_id][loc] = v.to(self.dtype)
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k_buffer[layer_id], self.v_buffer[layer_id]

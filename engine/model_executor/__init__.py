@@ -1,0 +1,1 @@
+"""ForwardBatch (tensors for one forward) and ModelRunner (weights, pools, forward, sample)."""

@@ -1,0 +1,53 @@
+"""ForwardBatch: the tensor view of one scheduled batch, consumed by the model and attention.
+
+The scheduler's ScheduleBatch is CPU bookkeeping (Req objects); ForwardBatch holds only what a
+forward needs, already on the model's device. Every batch is described as a list of extends:
+request i computes positions [extend_prefix_lens[i], seq_lens[i]); a decode is an extend of one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum, auto
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from radixserve.engine.attention.base import AttentionBackend
+    from radixserve.engine.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+
+
+class ForwardMode(Enum):
+    EXTEND = auto()  # prefill (possibly with a cached prefix, possibly a chunk)
+    DECODE = auto()  # one new token per request
+    MIXED = auto()  # a prefill chunk plus running decodes in one forward
+    IDLE = auto()  # nothing to compute on this rank (DP attention keeps ranks in step)
+
+    def is_decode(self) -> bool:
+        return self is ForwardMode.DECODE
+
+    def is_extend_like(self) -> bool:
+        return self in (ForwardMode.EXTEND, ForwardMode.MIXED)
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    forward_mode: ForwardMode
+    batch_size: int
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    req_pool_indices: torch.Tensor  # [B] int64, rows of req_to_token
+    seq_lens: torch.Tensor  # [B] int64, lengths after this forward
+    out_cache_loc: torch.Tensor  # [T] int64, KV slots the new tokens are written to
+    extend_prefix_lens_cpu: list[int]  # [B]
+    extend_seq_lens_cpu: list[int]  # [B], new tokens per request (1 for decodes)
+    req_to_token_pool: ReqToTokenPool
+    token_to_kv_pool: MHATokenToKVPool
+    attn_backend: AttentionBackend
+    return_all_logits: bool = False  # also return logits at every position (input logprobs)
+    seq_lens_cpu: list[int] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())

@@ -1,0 +1,123 @@
+"""ModelRunner: loads weights, sizes and owns the KV pools, runs forward and sampling.
+
+One per scheduler process (rank). The scheduler builds a ForwardBatch from its ScheduleBatch
+and calls `forward`; nothing here knows about requests or queues.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from radixserve.engine.attention import create_attention_backend
+from radixserve.engine.configs.model_config import ModelConfig
+from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.layers.logits_processor import LogitsProcessorOutput
+from radixserve.engine.mem_cache import MHATokenToKVPool, ReqToTokenPool, create_allocator
+from radixserve.engine.model_executor.forward_batch import ForwardBatch
+from radixserve.engine.model_loader.loader import LoadedModelFiles
+from radixserve.engine.models import get_model_class
+
+logger = logging.getLogger(__name__)
+
+CPU_DEFAULT_MEM_FRACTION = 0.2
+GPU_DEFAULT_MEM_FRACTION = 0.88
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSizes:
+    max_total_tokens: int
+    max_num_reqs: int
+    source: str  # "max_total_tokens" or "mem_fraction_static=…"
+
+
+def available_memory_bytes(device: torch.device) -> int:
+    """Free device memory on GPU; MemAvailable from /proc/meminfo on CPU."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
+
+
+def compute_pool_sizes(args: ServerArgs, config: ModelConfig, device: torch.device) -> PoolSizes:
+    cell = MHATokenToKVPool.cell_size_bytes(
+        config.num_key_value_heads, config.head_dim, config.num_hidden_layers, config.dtype
+    )
+    if args.max_total_tokens is not None:
+        tokens, source = args.max_total_tokens, "max_total_tokens"
+    else:
+        default = CPU_DEFAULT_MEM_FRACTION if device.type == "cpu" else GPU_DEFAULT_MEM_FRACTION
+        frac = args.mem_fraction_static or default
+        tokens = int(available_memory_bytes(device) * frac) // cell
+        source = f"mem_fraction_static={frac}"
+    tokens = tokens // args.page_size * args.page_size
+    if tokens < args.page_size * 2:
+        raise ValueError(f"KV pool too small: {tokens} tokens ({source}); raise the memory budget")
+    rows = max(min(tokens // config.context_len * 512, 4096), 2048)
+    if args.max_running_requests is not None:
+        rows = args.max_running_requests
+    return PoolSizes(tokens, rows, source)
+
+
+class ModelRunner:
+    def __init__(self, args: ServerArgs, files: LoadedModelFiles) -> None:
+        self.args = args
+        self.model_config = files.config
+        self.device = torch.device(args.device)
+        self.model = self._load_model(files)
+        self.sizes = compute_pool_sizes(args, self.model_config, self.device)
+        c = self.model_config
+        self.req_to_token_pool = ReqToTokenPool(
+            self.sizes.max_num_reqs, c.context_len + 4, self.device
+        )
+        self.token_to_kv_pool = MHATokenToKVPool(
+            self.sizes.max_total_tokens,
+            args.page_size,
+            c.dtype,
+            c.num_key_value_heads,
+            c.head_dim,
+            c.num_hidden_layers,
+            self.device,
+        )
+        self.allocator = create_allocator(self.sizes.max_total_tokens, args.page_size, self.device)
+        self.attn_backend = create_attention_backend(args.attention_backend)
+        logger.info(
+            "kv_pool max_total_tokens=%d page_size=%d max_num_reqs=%d dtype=%s source=%s",
+            self.sizes.max_total_tokens,
+            args.page_size,
+            self.sizes.max_num_reqs,
+            c.dtype,
+            self.sizes.source,
+        )
+
+    def _load_model(self, files: LoadedModelFiles) -> torch.nn.Module:
+        start = time.perf_counter()
+        cls = get_model_class(files.config.architecture)
+        with torch.device(self.device):
+            model = cls(files.config)
+        model.load_weights(files.weights())
+        model.to(dtype=files.config.dtype)
+        # Rotary tables stay float32 whatever the model dtype: they are cast per use.
+        for name, buf in model.named_buffers():
+            if "cos_cached" in name or "sin_cached" in name:
+                buf.data = buf.data.float()
+        model.eval()
+        logger.info(
+            "model_loaded arch=%s dtype=%s seconds=%.1f",
+            files.config.architecture,
+            files.config.dtype,
+            time.perf_counter() - start,
+        )
+        return model
+
+    def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        self.attn_backend.init_forward_metadata(forward_batch)
+        with torch.inference_mode():
+            return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)

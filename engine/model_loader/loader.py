@@ -1,0 +1,56 @@
+"""One entry point from a ModelSource to (ModelConfig, weight iterator, tokenizer).
+
+The model classes consume the iterator through their `load_weights`; this module never builds
+a model, so it stays independent of the architecture registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from radixserve.engine.configs.model_config import ModelConfig
+from radixserve.engine.model_loader import gguf_files, hf_files
+from radixserve.engine.model_loader.source import ModelSource
+
+WeightIterator = Iterator[tuple[str, torch.Tensor]]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModelFiles:
+    source: ModelSource
+    config: ModelConfig
+    hf_config: dict[str, Any]
+    weights: Callable[[], WeightIterator]  # a fresh iterator on each call
+
+
+def load_model_files(source: ModelSource, dtype: str | torch.dtype) -> LoadedModelFiles:
+    if source.kind == "gguf":
+        hf_config = gguf_files.read_gguf_config(source.path)
+        eos = hf_files.read_eos_token_ids(None, hf_config)
+
+        def weights() -> WeightIterator:
+            return gguf_files.iter_gguf_tensors(source.path, hf_config)
+
+    else:
+        hf_config = hf_files.read_hf_config(source.path)
+        eos = hf_files.read_eos_token_ids(source.path, hf_config)
+
+        def weights() -> WeightIterator:
+            return hf_files.iter_safetensors(source.path)
+
+    config = ModelConfig.from_hf_dict(hf_config, dtype=dtype, eos_token_ids=eos)
+    return LoadedModelFiles(source=source, config=config, hf_config=hf_config, weights=weights)
+
+
+def load_tokenizer(source: ModelSource) -> Any:
+    """A transformers fast tokenizer with the model's chat template (GGUF: converted by
+    transformers from the file's vocabulary and merges)."""
+    from transformers import AutoTokenizer  # engine extra; heavy import kept local
+
+    if source.kind == "gguf":
+        return AutoTokenizer.from_pretrained(str(source.path.parent), gguf_file=source.path.name)
+    return AutoTokenizer.from_pretrained(str(source.path))

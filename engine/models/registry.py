@@ -1,0 +1,29 @@
+"""HF `architectures` name → model class."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from radixserve.engine.models.llama import LlamaForCausalLM
+from radixserve.engine.models.qwen2 import Qwen2ForCausalLM
+from radixserve.engine.models.qwen3 import Qwen3ForCausalLM
+
+_MODELS: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_MODELS)
+
+
+def get_model_class(architecture: str) -> type[nn.Module]:
+    cls = _MODELS.get(architecture)
+    if cls is None:
+        raise ValueError(
+            f"model architecture {architecture!r} is not supported; "
+            f"supported: {supported_architectures()}"
+        )
+    return cls

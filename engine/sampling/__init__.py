@@ -1,0 +1,19 @@
+"""Sampling: request parameters, their per-batch tensor layout, and next-token selection.
+
+Re-exports the public names of `sampling_params`, `sampling_batch_info` and `sampler`.
+"""
+
+from __future__ import annotations
+
+from .sampler import SampleOutput, Sampler, make_generator
+from .sampling_batch_info import SamplingBatchInfo, SamplingRow
+from .sampling_params import SamplingParams
+
+__all__ = [
+    "SampleOutput",
+    "Sampler",
+    "SamplingBatchInfo",
+    "SamplingParams",
+    "SamplingRow",
+    "make_generator",
+]

@@ -1,0 +1,119 @@
+"""Token selection: from a batch's logits and its `SamplingBatchInfo` to the next token ids.
+
+Owns the sampling pipeline (logits processors, temperature, top-k / top-p / min-p filtering,
+per-row seeded draws), the log-probabilities reported back to clients, and `make_generator`,
+the one place that seeds per-request random generators.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+import torch
+
+from .sampling_batch_info import SamplingBatchInfo
+
+
+@dataclass(frozen=True, slots=True)
+class SampleOutput:
+    """The chosen tokens of one step and their log-probabilities.
+
+    Log-probabilities are taken from the RAW model distribution, log_softmax of the logits before
+    any bias, penalty, temperature or truncation, as OpenAI's API and vLLM's "raw logprobs" do:
+    they then describe the model, not the request's decoding settings, and never come out -inf
+    for a token the filters happened to remove.
+    """
+
+    next_token_ids: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor  # [B] float32, raw log-prob of each chosen token
+    top_logprobs: list[list[tuple[float, int]]] | None  # per row, best (logprob, id) first
+
+
+def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
+    """A generator on `device`, seeded with `seed`, or from the OS's entropy when None."""
+    generator = torch.Generator(device=device)
+    # 63 bits: manual_seed takes a signed 64-bit value on some backends.
+    generator.manual_seed(secrets.randbits(63) if seed is None else seed)
+    return generator
+
+
+class Sampler:
+    """Chooses the next token of every row of a batch."""
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        info: SamplingBatchInfo,
+        top_logprobs_nums: list[int] | None = None,
+    ) -> SampleOutput:
+        """Pick one token per row of `logits` [B, V]; `logits` itself is left unchanged."""
+        raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
+        processed = info.apply_logits_processors(logits.to(torch.float32, copy=True))
+        if info.is_all_greedy:
+            next_ids = processed.argmax(dim=-1)
+        else:
+            next_ids = _sample_rows(_filtered_probs(processed, info), processed, info)
+        chosen = raw_logprobs.gather(1, next_ids.unsqueeze(1)).squeeze(1)
+        return SampleOutput(
+            next_token_ids=next_ids,
+            logprobs=chosen,
+            top_logprobs=_top_logprobs(raw_logprobs, top_logprobs_nums),
+        )
+
+
+def _filtered_probs(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    """Temperature-scaled probabilities with top-k, top-p and min-p applied, renormalised."""
+    probs = torch.softmax(logits / info.temperatures, dim=-1)
+    if not (info.need_top_k or info.need_top_p or info.need_min_p):
+        return probs
+    sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
+    keep = _keep_sorted(sorted_probs, info)
+    # Scatter the kept flags back to vocabulary order so every row samples the same way.
+    keep_vocab = torch.zeros_like(keep).scatter_(1, sorted_ids, keep)
+    probs = probs.masked_fill(~keep_vocab, 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def _keep_sorted(sorted_probs: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    """Which positions of descending-sorted probs [B, V] survive the three filters.
+
+    The filters run in sequence: top-p measures mass within what top-k kept (as HF and vLLM do),
+    and the first (most likely) position always survives all three.
+    """
+    ranks = torch.arange(sorted_probs.shape[1], device=sorted_probs.device)
+    keep = ranks.unsqueeze(0) < info.top_ks.unsqueeze(1)
+    if info.need_top_p:
+        kept = sorted_probs * keep
+        mass_before = kept.cumsum(dim=-1) - kept
+        budget = info.top_ps.unsqueeze(1) * kept.sum(dim=-1, keepdim=True)
+        # Rows with top_p == 1 are exempt: rounding in the cumsum must not clip their tail.
+        within = (mass_before < budget) | (info.top_ps >= 1.0).unsqueeze(1)
+        keep &= within
+    if info.need_min_p:
+        floor = info.min_ps.unsqueeze(1) * sorted_probs[:, :1]
+        keep &= sorted_probs >= floor
+    return keep
+
+
+def _sample_rows(
+    probs: torch.Tensor, logits: torch.Tensor, info: SamplingBatchInfo
+) -> torch.Tensor:
+    """One draw per row, each from that row's generator (torch's default RNG when None)."""
+    next_ids = logits.argmax(dim=-1)
+    for i, greedy in enumerate(info.greedy_rows):
+        if not greedy:
+            draw = torch.multinomial(probs[i], 1, generator=info.generators[i])
+            next_ids[i] = draw[0]
+    return next_ids
+
+
+def _top_logprobs(
+    logprobs: torch.Tensor, nums: list[int] | None
+) -> list[list[tuple[float, int]]] | None:
+    if not nums or max(nums) <= 0:
+        return None
+    k = min(max(nums), logprobs.shape[1])
+    values, ids = torch.topk(logprobs, k, dim=-1)
+    values_l, ids_l = values.tolist(), ids.tolist()
+    return [list(zip(values_l[i][:n], ids_l[i][:n], strict=True)) for i, n in enumerate(nums)]

@@ -1,0 +1,54 @@
+"""Shared fixtures: the real SmolLM2 model (engine and transformers oracle) and helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+SMOLLM = "smollm2-135m"
+
+PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about the sea:",
+    "def fibonacci(n):",
+    "List three primary colors.",
+    "Once upon a time, in a small village at the edge of a dark forest, there lived an old "
+    "woodcutter and his daughter. Every morning",
+    "Q: What is 12 times 7?\nA:",
+    "Translate to French: I like apples.",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. "
+    "The quick brown fox jumps over the lazy dog. Explain what a pangram is:",
+]
+
+
+@pytest.fixture(scope="session")
+def smollm_source() -> Any:
+    from radixserve.engine.model_loader import ModelNotFoundError, resolve_model
+
+    try:
+        return resolve_model(SMOLLM)
+    except ModelNotFoundError as exc:  # make test installs it; say so if it is missing
+        pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="session")
+def hf_smollm(smollm_source: Any) -> Any:
+    """transformers' own Llama on the same GGUF, float32: the oracle for our outputs."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(smollm_source.directory), gguf_file=smollm_source.path.name, dtype=torch.float32
+    )
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def smollm_engine() -> Iterator[Any]:
+    from radixserve.engine import Engine
+
+    engine = Engine(model_path=SMOLLM, max_total_tokens=16384)
+    yield engine
+    engine.shutdown()
