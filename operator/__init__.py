@@ -1,0 +1,1 @@
+"""kopf operator reconciling the InferenceService CRD; imports no torch."""

@@ -1,0 +1,1 @@
+"""Cache-aware router: mirrors replica radix trees from KV events; imports no torch."""

@@ -1,0 +1,42 @@
+"""The `radixserve` command line. Each subcommand imports its component lazily, so the
+router and operator never pay for (or need) torch."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from radixserve.demo import add_demo_parser
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixserve", description=__doc__)
+    parser.add_argument(
+        "--log-level", default="warning", choices=["debug", "info", "warning", "error"]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_demo_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+    )
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except ValueError as exc:  # bad user input: one clear line, no traceback
+        print(f"radixserve: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
