@@ -11,6 +11,7 @@ from typing import Any
 
 POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
+EVICTION_POLICIES = ("lru", "lfu", "fifo")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +30,12 @@ class ServerArgs:
     chunked_prefill_size: int | None = None  # None / -1: no chunking
     max_prefill_tokens: int = 16384
     schedule_policy: str = "fcfs"
+    schedule_conservativeness: float = 1.0
+    enable_mixed_chunk: bool = False
+    max_queued_requests: int | None = None
     disable_radix_cache: bool = False
+    radix_eviction_policy: str = "lru"
+    enable_kv_events: bool = False  # record radix-tree events (the server publishes them)
     attention_backend: str = "torch"
 
     def __post_init__(self) -> None:
@@ -59,6 +65,21 @@ class ServerArgs:
             self.schedule_policy in POLICIES,
             "schedule_policy",
             f"must be one of {POLICIES}, got {self.schedule_policy!r}",
+        )
+        _check(
+            self.schedule_conservativeness > 0,
+            "schedule_conservativeness",
+            f"must be > 0, got {self.schedule_conservativeness}",
+        )
+        _check(
+            self.max_queued_requests is None or self.max_queued_requests >= 1,
+            "max_queued_requests",
+            f"must be ≥ 1, got {self.max_queued_requests}",
+        )
+        _check(
+            self.radix_eviction_policy in EVICTION_POLICIES,
+            "radix_eviction_policy",
+            f"must be one of {EVICTION_POLICIES}, got {self.radix_eviction_policy!r}",
         )
         chunk = self.chunked_prefill_size
         _check(

@@ -128,6 +128,18 @@ class ScheduleBatch:
         self.input_ids = [r.output_ids[-1] for r in reqs]
         self.positions = list(self.prefix_lens)
 
+    def mix_with_running(self, running: ScheduleBatch) -> None:
+        """Append a decode-prepared batch as extends of length 1 (forward mode MIXED)."""
+        self.forward_mode = ForwardMode.MIXED
+        self.decoding_reqs = list(running.reqs)
+        self.reqs = self.reqs + running.reqs
+        self.input_ids = self.input_ids + running.input_ids
+        self.positions = self.positions + running.positions
+        self.out_cache_loc = torch.cat((self.out_cache_loc, running.out_cache_loc))
+        self.prefix_lens = self.prefix_lens + running.prefix_lens
+        self.extend_lens = self.extend_lens + running.extend_lens
+        self.seq_lens = self.seq_lens + running.seq_lens
+
     def filter_batch(self, keep: list[Req] | None = None) -> None:
         """Drop finished requests (or keep exactly `keep`)."""
         self.reqs = keep if keep is not None else [r for r in self.reqs if not r.finished()]

@@ -17,8 +17,10 @@ from radixserve.engine.managers.prefill_adder import AddReqResult, PrefillAdder,
 from radixserve.engine.managers.req import Req, TailDecoder
 from radixserve.engine.managers.retraction import NewTokenRatio, retract_decode
 from radixserve.engine.managers.schedule_batch import KVContext, ScheduleBatch
+from radixserve.engine.managers.schedule_policy import SchedulePolicy
+from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache
 from radixserve.engine.mem_cache.chunk_cache import ChunkCache
-from radixserve.engine.model_executor.forward_batch import ForwardMode
+from radixserve.engine.mem_cache.radix_cache import RadixCache
 from radixserve.engine.model_executor.model_runner import ModelRunner
 from radixserve.engine.sampling import SampleOutput, Sampler, SamplingBatchInfo
 
@@ -30,7 +32,7 @@ class Scheduler:
         self.args = args
         self.runner = runner
         self.decode_tail = decode_tail
-        tree_cache = ChunkCache(runner.req_to_token_pool, runner.allocator)
+        tree_cache = self._make_tree_cache(args, runner)
         self.kv = KVContext(
             runner.req_to_token_pool, runner.token_to_kv_pool, runner.allocator, tree_cache
         )
@@ -45,13 +47,26 @@ class Scheduler:
         self.running_batch = ScheduleBatch([], self.kv)
         self.last_batch: ScheduleBatch | None = None
         self.chunked_req: Req | None = None
-        self.ratio = NewTokenRatio.create(conservativeness=1.0)
+        self.ratio = NewTokenRatio.create(conservativeness=args.schedule_conservativeness)
+        self.policy = SchedulePolicy(args.schedule_policy, tree_cache, args.random_seed)
         self.sampler = Sampler()
         self.total_retractions = 0
 
+    @staticmethod
+    def _make_tree_cache(args: ServerArgs, runner: ModelRunner) -> BasePrefixCache:
+        if args.disable_radix_cache:
+            return ChunkCache(runner.req_to_token_pool, runner.allocator)
+        return RadixCache(
+            runner.req_to_token_pool,
+            runner.allocator,
+            args.page_size,
+            args.radix_eviction_policy,
+            args.enable_kv_events,
+        )
+
     @property
-    def tree_cache(self) -> ChunkCache:
-        return self.kv.tree_cache  # type: ignore[return-value]
+    def tree_cache(self) -> BasePrefixCache:
+        return self.kv.tree_cache
 
     # ---- admission -------------------------------------------------------------------------
 
@@ -66,6 +81,9 @@ class Scheduler:
                 f"{self.max_req_input_len}",
                 400,
             )
+        limit = self.args.max_queued_requests
+        if not req.finished() and limit is not None and len(self.waiting_queue) >= limit:
+            req.finished_reason = FinishAbort("The request queue is full.", 503)
         if req.finished():
             return
         params = req.sampling_params
@@ -84,7 +102,6 @@ class Scheduler:
         last = self.last_batch
         if last is not None and last.forward_mode.is_extend_like():
             keep = [r for r in last.reqs if r is not self.chunked_req and not r.finished()]
-            keep = [r for r in keep if r not in last.decoding_reqs]
             if keep:
                 self.running_batch.merge_batch(ScheduleBatch(keep, self.kv))
         new_batch = self.get_new_batch_prefill()
@@ -99,21 +116,26 @@ class Scheduler:
         if not self.waiting_queue and self.chunked_req is None:
             return None
         running = self.running_batch.reqs
+        mixed = bool(self.args.enable_mixed_chunk and self.args.chunk_size and running)
         budget = PrefillBudget(
             self.args.page_size,
             self.args.max_prefill_tokens,
             self.args.chunk_size,
             self.ratio.value,
+            len(running) if mixed else 0,
         )
         adder = PrefillAdder(budget, self.tree_cache, self.kv.allocator, running)
         if self.chunked_req is not None:
             self.chunked_req.init_next_round_input()
             self.chunked_req = adder.add_chunked_req(self.chunked_req)
-        for req in list(self.waiting_queue):
+        for req in self.policy.calc_priority(self.waiting_queue):
             if len(adder.can_run_list) + len(running) >= self.max_running_requests:
                 break
             self._match_prefix(req)
-            if adder.add_one_req(req) is not AddReqResult.CONTINUE:
+            result = adder.add_one_req(req)
+            if adder.can_run_list and adder.can_run_list[-1] is req and not req.is_retracted:
+                req.cached_tokens += len(req.prefix_indices)
+            if result is not AddReqResult.CONTINUE:
                 break
         if not adder.can_run_list:
             return None
@@ -125,13 +147,35 @@ class Scheduler:
             self.chunked_req.is_chunked += 1
         batch = ScheduleBatch(adder.can_run_list, self.kv)
         batch.prepare_for_extend()
+        if mixed:
+            self._mix_running_into(batch)
         return batch
+
+    def _mix_running_into(self, batch: ScheduleBatch) -> None:
+        """--enable-mixed-chunk: run the decodes in the same forward as the prefill chunk."""
+        running = self.running_batch
+        running.filter_batch()
+        if not running.reqs or not self._decode_mem_ok(running):
+            return  # decode separately (retraction, if needed, happens there)
+        running.prepare_for_decode()
+        batch.mix_with_running(running)
+        self.running_batch = ScheduleBatch([], self.kv)
+
+    def flush_cache(self) -> bool:
+        """Drop the whole prefix cache; only allowed when nothing is running or queued."""
+        if self.has_work():
+            return False
+        self.tree_cache.reset()
+        self.kv.allocator.clear()
+        self.kv.req_to_token_pool.clear()
+        return True
 
     def _match_prefix(self, req: Req) -> None:
         key = req.full_ids()
         # At least one token must be computed to get logits for the next token.
         match = self.tree_cache.match_prefix(key[: len(key) - 1])
         req.prefix_indices, req.last_node = match.indices, match.last_node
+        req.cache_protected_len = len(match.indices)  # the matched part is the tree's
         req.init_next_round_input()
 
     def update_running_batch(self) -> ScheduleBatch:
@@ -184,7 +228,7 @@ class Scheduler:
         logprobs = out.logprobs.tolist()
         updated: list[Req] = []
         for i, req in enumerate(batch.reqs):
-            if batch.forward_mode is ForwardMode.EXTEND and req.is_chunked > 0:
+            if batch.forward_mode.is_extend_like() and req.is_chunked > 0:
                 req.is_chunked -= 1
                 continue
             req.output_ids.append(ids[i])

@@ -1,0 +1,99 @@
+"""SchedulePolicy: the order in which waiting requests are offered to the PrefillAdder.
+
+fcfs (arrival order, default), lof (longest max_new_tokens first), random, and the
+cache-aware lpm (longest cached prefix first; FCFS above 128 waiting) and dfs-weight
+(depth-first over the radix tree, heavier subtrees first, so siblings sharing a prefix run
+together). Cache-aware policies also do in-batch prefix caching: of several waiting requests
+sharing an uncached prefix, later ones are held back so they hit the cache after the first.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+import torch
+
+from radixserve.engine.managers.req import Req
+from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache
+from radixserve.engine.mem_cache.radix_cache import RadixCache
+from radixserve.engine.mem_cache.tree_node import TreeNode
+
+LPM_FALLBACK_QUEUE_LEN = 128
+IN_BATCH_CHECK_THRESHOLD = 32
+IN_BATCH_DEPRIORITIZE_THRESHOLD = 32
+
+
+class SchedulePolicy:
+    def __init__(self, policy: str, tree_cache: BasePrefixCache, seed: int = 0) -> None:
+        self.policy = policy
+        self.tree_cache = tree_cache
+        self.rng = random.Random(seed)
+
+    def _active(self, queue_len: int) -> str:
+        cache_aware = self.policy in ("lpm", "dfs-weight")
+        if cache_aware and not isinstance(self.tree_cache, RadixCache):
+            return "fcfs"  # nothing is shared, so there is nothing to be aware of
+        if self.policy == "lpm" and queue_len > LPM_FALLBACK_QUEUE_LEN:
+            return "fcfs"
+        return self.policy
+
+    def calc_priority(self, waiting: list[Req]) -> list[Req]:
+        """Return the waiting queue in scheduling order (the input list is not modified)."""
+        active = self._active(len(waiting))
+        if active == "fcfs":
+            return list(waiting)
+        if active == "lof":
+            return sorted(waiting, key=lambda r: -r.sampling_params.max_new_tokens)
+        if active == "random":
+            out = list(waiting)
+            self.rng.shuffle(out)
+            return out
+        held_back = self._match_all(waiting)
+        if active == "lpm":
+            ordered = sorted(waiting, key=lambda r: -len(r.prefix_indices))
+        else:
+            ordered = self._dfs_weight(waiting)
+        return [r for r in ordered if id(r) not in held_back] + [
+            r for r in ordered if id(r) in held_back
+        ]
+
+    def _match_all(self, waiting: list[Req]) -> set[int]:
+        """Match every request against the cache; return ids of requests to hold back."""
+        shadow = RadixCache(None, None, page_size=1)  # type: ignore[arg-type] - keys only
+        held: set[int] = set()
+        for req in waiting:
+            key = req.full_ids()
+            match = self.tree_cache.match_prefix(key[: len(key) - 1])
+            req.prefix_indices, req.last_node = match.indices, match.last_node
+            if len(match.indices) > IN_BATCH_CHECK_THRESHOLD:
+                continue
+            in_batch = len(shadow.match_prefix(key).indices)
+            if in_batch >= IN_BATCH_DEPRIORITIZE_THRESHOLD:
+                held.add(id(req))
+            else:
+                shadow.insert(key, torch.zeros(len(key), dtype=torch.int64))
+        return held
+
+    def _dfs_weight(self, waiting: list[Req]) -> list[Req]:
+        by_node: dict[int, list[Req]] = defaultdict(list)
+        nodes: dict[int, TreeNode] = {}
+        for req in waiting:
+            node = req.last_node if req.last_node is not None else self.tree_cache.root  # type: ignore[attr-defined]
+            by_node[id(node)].append(req)
+            nodes[id(node)] = node
+        weight: dict[int, int] = defaultdict(int)
+        for nid, reqs in by_node.items():
+            node: TreeNode | None = nodes[nid]
+            while node is not None:
+                weight[id(node)] += len(reqs)
+                node = node.parent
+        out: list[Req] = []
+        stack: list[TreeNode] = [self.tree_cache.root]  # type: ignore[attr-defined]
+        while stack:
+            node = stack.pop()
+            out.extend(by_node.get(id(node), []))
+            children = [c for c in node.children.values() if weight.get(id(c), 0) > 0]
+            # Push lighter first so the heaviest subtree is visited next.
+            stack.extend(sorted(children, key=lambda c: weight[id(c)]))
+        return out

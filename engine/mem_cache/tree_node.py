@@ -1,0 +1,29 @@
+"""TreeNode of the radix cache: a key segment, its KV slots, lock count and access stats."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(eq=False, slots=True)
+class TreeNode:
+    id: int
+    parent: TreeNode | None = None
+    key: list[int] = field(default_factory=list)
+    value: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    children: dict[int | tuple[int, ...], TreeNode] = field(default_factory=dict)
+    lock_ref: int = 0
+    hit_count: int = 0
+    last_access_time: float = 0.0
+    creation_time: float = 0.0
+    page_digests: list[bytes] = field(default_factory=list)  # SHA-256 per full page of key
+
+    def __post_init__(self) -> None:
+        self.creation_time = self.last_access_time = time.monotonic()
+
+    def last_digest(self) -> bytes | None:
+        """Digest of this node's last page: the chain seed of its children (None at root)."""
+        return self.page_digests[-1] if self.page_digests else None
