@@ -8,6 +8,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
+from radixserve.bench.cli import add_bench_parser
 from radixserve.demo import add_demo_parser
 
 Handler = Callable[[argparse.Namespace], int]
@@ -20,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     add_demo_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 

@@ -42,7 +42,8 @@ class ModelConfig:
     rope_theta: float
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool = False
+    attention_bias: bool = False  # q/k/v biases
+    o_proj_bias: bool = False
     qk_norm: bool = False
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     eos_token_ids: tuple[int, ...] = ()
@@ -82,6 +83,7 @@ class ModelConfig:
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=_attention_bias(cfg, archs[0]),
+            o_proj_bias=_o_proj_bias(cfg, archs[0]),
             qk_norm=archs[0].startswith("Qwen3"),
             rope_scaling=_parse_rope_scaling(scaling_dict),
             eos_token_ids=eos_token_ids or _eos_ids(cfg.get("eos_token_id")),
@@ -102,6 +104,11 @@ def _attention_bias(cfg: dict[str, Any], arch: str) -> bool:
     if arch.startswith("Qwen2"):
         return True
     return bool(cfg.get("attention_bias", False))
+
+
+def _o_proj_bias(cfg: dict[str, Any], arch: str) -> bool:
+    # HF's `attention_bias` (Llama, Qwen3) biases o_proj too; Qwen2's o_proj never has one.
+    return not arch.startswith("Qwen2") and bool(cfg.get("attention_bias", False))
 
 
 def _eos_ids(value: int | list[int] | None) -> tuple[int, ...]:

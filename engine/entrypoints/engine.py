@@ -8,6 +8,7 @@ same request building and output shaping.
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -23,19 +24,32 @@ logger = logging.getLogger(__name__)
 
 
 class Engine:
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, _reuse: Engine | None = None, **kwargs: Any) -> None:
         self.server_args = args = ServerArgs.from_kwargs(**kwargs)
         torch.manual_seed(args.random_seed)
-        self.source = resolve_model(args.model_path)
-        files = load_model_files(self.source, args.resolved_dtype)
+        if _reuse is not None:  # same weights and tokenizer, fresh pools and scheduler
+            self.source, files, self.tokenizer = _reuse.source, _reuse.files, _reuse.tokenizer
+            model = _reuse.runner.model
+        else:
+            self.source = resolve_model(args.model_path)
+            files = load_model_files(self.source, args.resolved_dtype)
+            self.tokenizer = load_tokenizer(self.source)
+            model = None
+        self.files = files
         self.model_config = files.config
-        self.tokenizer = load_tokenizer(self.source)
-        self.runner = ModelRunner(args, files)
+        self.runner = ModelRunner(args, files, model)
         eos = set(files.config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(int(self.tokenizer.eos_token_id))
         self.eos_token_ids = frozenset(eos)
         self.scheduler = Scheduler(args, self.runner, self._decode_tail)
+
+    def with_args(self, **overrides: Any) -> Engine:
+        """A new Engine sharing this one's loaded weights, with other scheduling / memory
+        arguments (benchmarks and tests compare configurations without reloading)."""
+        if "model_path" in overrides or "dtype" in overrides:
+            raise ValueError("with_args: model_path and dtype need a new Engine")
+        return Engine(_reuse=self, **{**asdict(self.server_args), **overrides})
 
     def _decode_tail(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)

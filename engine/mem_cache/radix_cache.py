@@ -142,6 +142,7 @@ class RadixCache(BasePrefixCache):
         )
         upper.lock_ref = child.lock_ref
         upper.last_access_time = child.last_access_time
+        upper.creation_time = child.creation_time
         upper.hit_count = child.hit_count
         upper.page_digests = child.page_digests[:pages]
         upper.children = {self._child_key(child.key[n:]): child}
@@ -183,7 +184,7 @@ class RadixCache(BasePrefixCache):
             assert parent is not None
             del parent.children[self._child_key(leaf.key)]
             if self.enable_events:
-                self.events.append(BlockRemoved([digest_to_int64(d) for d in leaf.page_digests]))
+                self.events.extend(BlockRemoved([digest_to_int64(d)]) for d in leaf.page_digests)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(
                     heap, (eviction_key(self.eviction_policy, parent), parent.id, parent)

@@ -67,11 +67,13 @@ def compute_pool_sizes(args: ServerArgs, config: ModelConfig, device: torch.devi
 
 
 class ModelRunner:
-    def __init__(self, args: ServerArgs, files: LoadedModelFiles) -> None:
+    def __init__(
+        self, args: ServerArgs, files: LoadedModelFiles, model: torch.nn.Module | None = None
+    ) -> None:
         self.args = args
         self.model_config = files.config
         self.device = torch.device(args.device)
-        self.model = self._load_model(files)
+        self.model = model if model is not None else self._load_model(files)
         self.sizes = compute_pool_sizes(args, self.model_config, self.device)
         c = self.model_config
         self.req_to_token_pool = ReqToTokenPool(

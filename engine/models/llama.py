@@ -46,7 +46,7 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = MergedLinear(
             c.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=c.attention_bias
         )
-        self.o_proj = Linear(self.q_size, c.hidden_size, bias=False)
+        self.o_proj = Linear(self.q_size, c.hidden_size, bias=c.o_proj_bias)
         self.q_norm = RMSNorm(self.head_dim, c.rms_norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, c.rms_norm_eps) if c.qk_norm else None
         self.rotary_emb = RotaryEmbedding(

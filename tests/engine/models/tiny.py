@@ -1,0 +1,121 @@
+"""Tiny random-weight HF checkpoints (Llama / Qwen2 / Qwen3) and logits from both sides.
+
+`save_tiny` builds a model with transformers, perturbs every parameter (HF initialises norms
+to one and biases to zero, which would hide bugs in those paths), and writes it with a
+word-level tokenizer so `Engine(model_path=folder)` loads it like any HF checkpoint.
+`EngineBatch` drives prefill and decode forwards the way the Scheduler does, but returns
+the raw next-token logits instead of sampling.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+VOCAB = 256
+MAX_POS = 256
+
+BASE = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": VOCAB,
+    "max_position_embeddings": MAX_POS,
+    "rms_norm_eps": 1e-6,
+}
+
+
+def _perturb(model: torch.nn.Module, seed: int) -> None:
+    """Weights/biases ~ N(0, 0.15); norm weights ~ 1 + N(0, 0.2) (never all ones)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            p.copy_(1 + 0.2 * noise if "norm" in name else 0.15 * noise)
+
+
+def _save_tokenizer(folder: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", eos_token="t1")
+    fast.save_pretrained(str(folder))
+
+
+def save_tiny(kind: str, folder: Path, seed: int = 0, **overrides: Any) -> Any:
+    """Create, perturb and save a tiny `kind` ("llama" | "qwen2" | "qwen3") model; return the
+    HF model (float32, eval) as the oracle."""
+    import transformers as tf
+
+    config_cls, model_cls = {
+        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+        "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
+    }[kind]
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**{**BASE, **overrides})).float().eval()
+    _perturb(model, seed)
+    model.save_pretrained(str(folder), safe_serialization=True)
+    _save_tokenizer(folder)
+    return model
+
+
+def hf_last_logits(model: Any, ids: list[int]) -> torch.Tensor:
+    """transformers' next-token logits for one unpadded prompt."""
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, -1].float()
+
+
+def random_prompts(lengths: tuple[int, ...], seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in lengths]
+
+
+class EngineBatch:
+    """One batch of requests on an Engine, forwarded as the Scheduler would (no sampling)."""
+
+    def __init__(self, engine: Any, prompts: list[list[int]]) -> None:
+        from radixserve.engine.managers.req import Req, StopCriteria
+        from radixserve.engine.managers.schedule_batch import ScheduleBatch
+        from radixserve.engine.sampling import SamplingParams
+
+        self.engine = engine
+        self.reqs = [
+            Req(
+                rid=f"r{i}",
+                origin_input_ids=list(ids),
+                sampling_params=SamplingParams(),
+                stop=StopCriteria(frozenset()),
+            )
+            for i, ids in enumerate(prompts)
+        ]
+        for req in self.reqs:
+            req.init_next_round_input()
+        self.batch = ScheduleBatch(self.reqs, engine.scheduler.kv)
+
+    def _forward(self) -> torch.Tensor:
+        runner = self.engine.runner
+        fb = self.batch.to_forward_batch(runner.device, runner.attn_backend)
+        return runner.forward(fb).next_token_logits.cpu()
+
+    def prefill(self) -> torch.Tensor:
+        self.batch.prepare_for_extend()
+        return self._forward()
+
+    def decode(self, tokens: list[int]) -> torch.Tensor:
+        """Append one token per request and run a DECODE forward on it."""
+        for req, tok in zip(self.reqs, tokens, strict=True):
+            req.output_ids.append(tok)
+        self.batch.prepare_for_decode()
+        return self._forward()
+
+    def release(self) -> None:
+        """Give the KV slots and pool rows back so the engine can be reused."""
+        for req in self.reqs:
+            self.engine.scheduler.tree_cache.cache_finished_req(req)
