@@ -53,7 +53,9 @@ MATRIX = list(
 
 def _id(case: tuple[Any, ...]) -> str:
     no_radix, chunk, mixed, policy, page = case
-    return f"{'noradix' if no_radix else 'radix'}-chunk{chunk}-{'mixed' if mixed else 'plain'}-{policy}-p{page}"
+    cache = "noradix" if no_radix else "radix"
+    mode = "mixed" if mixed else "plain"
+    return f"{cache}-chunk{chunk}-{mode}-{policy}-p{page}"
 
 
 @pytest.mark.parametrize("case", MATRIX, ids=[_id(c) for c in MATRIX])
