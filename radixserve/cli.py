@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 from radixserve.bench.cli import add_bench_parser
 from radixserve.demo import add_demo_parser
+from radixserve.serve_cli import add_serve_parser
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_demo_parser(sub)
     add_bench_parser(sub)
+    add_serve_parser(sub)
     return parser
 
 

@@ -1,6 +1,6 @@
-"""Configuration objects of the engine."""
+"""Configuration objects of the engine. Import ModelConfig from `model_config` (it needs
+torch); this package itself stays torch-free so the CLI can build flags without torch."""
 
-from radixserve.engine.configs.model_config import ModelConfig, RopeScaling
 from radixserve.engine.configs.server_args import ServerArgs
 
-__all__ = ["ModelConfig", "RopeScaling", "ServerArgs"]
+__all__ = ["ServerArgs"]

@@ -37,6 +37,13 @@ class ServerArgs:
     radix_eviction_policy: str = "lru"
     enable_kv_events: bool = False  # record radix-tree events (the server publishes them)
     attention_backend: str = "torch"
+    # serving
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    kv_events_port: int | None = None  # publish KV events on tcp://host:port (+1: replay)
+    skip_server_warmup: bool = False
+    log_level: str = "warning"
 
     def __post_init__(self) -> None:
         _check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
@@ -87,6 +94,10 @@ class ServerArgs:
             "chunked_prefill_size",
             f"must be -1 (off) or ≥ page_size, got {chunk}",
         )
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model_path
 
     @property
     def chunk_size(self) -> int | None:

@@ -74,8 +74,8 @@ def build_reqs(  # noqa: PLR0913 - mirrors generate()'s public keyword arguments
     groups: list[list[Req]] = []
     for text, ids, raw in zip(batch.texts, batch.input_ids, batch.params, strict=True):
         base = SamplingParams.from_dict(raw)
+        base.verify(vocab_size)  # before normalize, which rewrites temperature 0 → top_k 1
         base.normalize()
-        base.verify(vocab_size)
         reqs = []
         for j in range(base.n):
             seed = None if base.sampling_seed is None else base.sampling_seed + j

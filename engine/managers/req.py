@@ -45,6 +45,9 @@ class Req:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     arrival_time: float = 0.0
+    stream: bool = False
+
+    send_offset: int = 0  # output ids already sent to the detokenizer
 
     output_ids: list[int] = field(default_factory=list)
     fill_ids: list[int] = field(default_factory=list)

@@ -12,6 +12,7 @@ import logging
 import time
 
 from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.ipc.messages import LoadOutput, StateOutput
 from radixserve.engine.managers.finish_reason import FinishAbort
 from radixserve.engine.managers.prefill_adder import AddReqResult, PrefillAdder, PrefillBudget
 from radixserve.engine.managers.req import Req, TailDecoder
@@ -92,7 +93,16 @@ class Scheduler:
         self.waiting_queue.append(req)
 
     def has_work(self) -> bool:
-        return bool(self.waiting_queue or self.running_batch.reqs or self.chunked_req)
+        last = self.last_batch
+        # Requests of the last prefill join the running batch only in the next step.
+        pending_merge = (
+            last is not None
+            and last.forward_mode.is_extend_like()
+            and any(not r.finished() for r in last.reqs)
+        )
+        return bool(
+            self.waiting_queue or self.running_batch.reqs or self.chunked_req or pending_merge
+        )
 
     # ---- batch selection -------------------------------------------------------------------
 
@@ -244,14 +254,54 @@ class Scheduler:
             updated.append(req)
         return updated
 
-    def abort_request(self, rid: str) -> None:
-        for req in list(self.waiting_queue):
-            if req.rid == rid:
-                self.waiting_queue.remove(req)
-                req.finished_reason = FinishAbort("aborted by request", 400)
-        for req in self.running_batch.reqs:
-            if req.rid == rid:
-                req.to_finish = FinishAbort("aborted by request", 400)
+    def abort_request(self, rid: str, abort_all: bool = False) -> list[Req]:
+        """Abort queued requests at once (returned, already finished) and running ones at
+        their next step (they finish with an abort reason through the normal path)."""
+        hit = lambda r: abort_all or r.rid == rid  # noqa: E731
+        reason = FinishAbort("aborted by request", 400)
+        aborted = [r for r in self.waiting_queue if hit(r)]
+        self.waiting_queue = [r for r in self.waiting_queue if not hit(r)]
+        for req in aborted:
+            req.finished_reason = reason
+        running = list(self.running_batch.reqs)
+        if self.chunked_req is not None:
+            running.append(self.chunked_req)
+        for req in running:
+            if hit(req) and not req.finished():
+                req.to_finish = reason
+        return aborted
+
+    def num_used_tokens(self) -> int:
+        free = self.kv.allocator.available_size() + self.tree_cache.evictable_size()
+        return self.max_total_tokens - free
+
+    def load(self, dp_rank: int = 0) -> LoadOutput:
+        running = len(self.running_batch.reqs) + (1 if self.chunked_req else 0)
+        used = self.num_used_tokens()
+        queued = sum(len(r.origin_input_ids) for r in self.waiting_queue)
+        return LoadOutput(
+            dp_rank=dp_rank,
+            num_running_reqs=running,
+            num_waiting_reqs=len(self.waiting_queue),
+            num_reqs=running + len(self.waiting_queue),
+            num_used_tokens=used + queued,
+            max_total_num_tokens=self.max_total_tokens,
+            token_usage=used / self.max_total_tokens,
+        )
+
+    def state(self, include_pages: bool = False) -> StateOutput:
+        pages = []
+        if include_pages and isinstance(self.tree_cache, RadixCache):
+            pages = self.tree_cache.cached_page_hashes()
+        return StateOutput(
+            max_total_num_tokens=self.max_total_tokens,
+            available_tokens=self.kv.allocator.available_size(),
+            evictable_tokens=self.tree_cache.evictable_size(),
+            protected_tokens=self.tree_cache.protected_size(),
+            num_running_reqs=len(self.running_batch.reqs),
+            num_waiting_reqs=len(self.waiting_queue),
+            page_hashes=pages,
+        )
 
     def check_memory_invariant(self) -> None:
         """When idle: free + evictable + protected must equal the pool size (no leak)."""

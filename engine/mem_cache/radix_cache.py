@@ -73,6 +73,15 @@ class RadixCache(BasePrefixCache):
     def total_size(self) -> int:
         return self._evictable + self._protected
 
+    def cached_page_hashes(self) -> list[int]:
+        """Event hashes (int64) of every page in the tree, for mirrors to compare against."""
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            out += [digest_to_int64(d) for d in node.page_digests]
+            stack.extend(node.children.values())
+        return sorted(out)
+
     def _child_key(self, key: list[int]) -> int | tuple[int, ...]:
         return key[0] if self.page_size == 1 else tuple(key[: self.page_size])
 

@@ -7,7 +7,12 @@ from typing import Any
 
 import pytest
 
-from radixserve.engine.configs.server_args import DTYPES, POLICIES, ServerArgs
+from radixserve.engine.configs.server_args import (
+    DTYPES,
+    EVICTION_POLICIES,
+    POLICIES,
+    ServerArgs,
+)
 
 INVALID: list[tuple[dict[str, Any], str]] = [
     ({"dtype": "float64"}, "dtype"),
@@ -21,6 +26,10 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"max_running_requests": 0}, "max_running_requests"),
     ({"max_prefill_tokens": 0}, "max_prefill_tokens"),
     ({"schedule_policy": "sjf"}, "schedule_policy"),
+    ({"schedule_conservativeness": 0.0}, "schedule_conservativeness"),
+    ({"schedule_conservativeness": -1.0}, "schedule_conservativeness"),
+    ({"max_queued_requests": 0}, "max_queued_requests"),
+    ({"radix_eviction_policy": "mru"}, "radix_eviction_policy"),
     ({"chunked_prefill_size": 0}, "chunked_prefill_size"),
     ({"chunked_prefill_size": -2}, "chunked_prefill_size"),
     ({"chunked_prefill_size": 15, "page_size": 16}, "chunked_prefill_size"),
@@ -48,6 +57,8 @@ def test_from_kwargs_validates_too(kwargs: dict[str, Any], field: str) -> None:
         {"mem_fraction_static": 0.99},
         {"max_running_requests": 1},
         {"max_prefill_tokens": 1},
+        {"schedule_conservativeness": 0.01},
+        {"max_queued_requests": 1},
         {"chunked_prefill_size": -1},
         {"chunked_prefill_size": None},
         {"chunked_prefill_size": 16, "page_size": 16},
@@ -69,6 +80,11 @@ def test_every_policy_is_accepted(policy: str) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_every_dtype_is_accepted(dtype: str) -> None:
     assert ServerArgs(dtype=dtype).dtype == dtype
+
+
+@pytest.mark.parametrize("policy", EVICTION_POLICIES)
+def test_every_eviction_policy_is_accepted(policy: str) -> None:
+    assert ServerArgs(radix_eviction_policy=policy).radix_eviction_policy == policy
 
 
 def test_defaults_are_valid() -> None:

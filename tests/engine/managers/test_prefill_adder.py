@@ -210,13 +210,13 @@ def test_add_chunked_req_stays_chunked_when_remainder_exceeds_chunk() -> None:
     assert adder.rem_total_tokens == 1024 - 64  # no max_new while truncated
 
 
-def test_add_chunked_req_limited_by_rem_total_tokens() -> None:
-    adder = make_adder(100, chunk=1000)
+def test_add_chunked_req_limited_by_rem_total_rounds_down_to_a_page() -> None:
+    adder = make_adder(96, page=16, chunk=1000, ratio=1.0, running=[make_req(1, 7)])
     req = make_req(200, 5)
-    req.prefix_indices = torch.arange(1, 51)
-    req.init_next_round_input()  # 150 left, only 100 free
+    req.prefix_indices = torch.arange(16, 64)
+    req.init_next_round_input()  # 152 left, rem_total_tokens 96 − 7 = 89
     assert adder.add_chunked_req(req) is req
-    assert req.extend_input_len == 100
+    assert req.extend_input_len == 80 and len(req.fill_ids) == 48 + 80
 
 
 def test_add_chunked_req_finishes_and_reserves_max_new() -> None:

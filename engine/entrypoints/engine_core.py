@@ -1,8 +1,8 @@
-"""Engine: the offline API, shaped like `sglang.Engine`.
+"""EngineCore: model, tokenizer and Scheduler in the calling process.
 
-`Engine(model_path=..., dtype=..., ...)` loads the model and runs the scheduler in this
-process; `generate(...)` blocks until every request finishes. The HTTP server reuses the
-same request building and output shaping.
+It is what each scheduler process runs, and it doubles as the in-process offline engine
+(`generate(...)` blocks until every request finishes) used by tests and benchmarks that
+compare scheduler configurations on one set of loaded weights (`with_args`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from radixserve.engine.model_loader.loader import load_tokenizer
 logger = logging.getLogger(__name__)
 
 
-class Engine:
-    def __init__(self, _reuse: Engine | None = None, **kwargs: Any) -> None:
+class EngineCore:
+    def __init__(self, _reuse: EngineCore | None = None, **kwargs: Any) -> None:
         self.server_args = args = ServerArgs.from_kwargs(**kwargs)
         torch.manual_seed(args.random_seed)
         if _reuse is not None:  # same weights and tokenizer, fresh pools and scheduler
@@ -44,12 +44,12 @@ class Engine:
         self.eos_token_ids = frozenset(eos)
         self.scheduler = Scheduler(args, self.runner, self._decode_tail)
 
-    def with_args(self, **overrides: Any) -> Engine:
+    def with_args(self, **overrides: Any) -> EngineCore:
         """A new Engine sharing this one's loaded weights, with other scheduling / memory
         arguments (benchmarks and tests compare configurations without reloading)."""
         if "model_path" in overrides or "dtype" in overrides:
             raise ValueError("with_args: model_path and dtype need a new Engine")
-        return Engine(_reuse=self, **{**asdict(self.server_args), **overrides})
+        return EngineCore(_reuse=self, **{**asdict(self.server_args), **overrides})
 
     def _decode_tail(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -89,7 +89,7 @@ class Engine:
         """Release the model and pools (a no-op beyond that for the in-process engine)."""
         self.scheduler.waiting_queue.clear()
 
-    def __enter__(self) -> Engine:
+    def __enter__(self) -> EngineCore:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,0 +1,120 @@
+"""`radixserve serve`: launch the child processes, then the HTTP server in this process.
+
+Start-up order: scheduler (loads the model, sizes the pools) and detokenizer → handshake →
+tokenizer in this process → HTTP. Shutdown (Ctrl-C, SIGTERM, or a child dying): HTTP stops
+accepting, then children are terminated in order; nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+
+from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.entrypoints.http_server import create_app
+from radixserve.engine.entrypoints.launch import ChildProcesses, launch_subprocesses
+from radixserve.engine.entrypoints.server_state import ServerState
+from radixserve.engine.managers.metrics import EngineMetrics
+from radixserve.engine.managers.tokenizer_manager import (
+    GenerateInput,
+    ServerLimits,
+    TokenizerManager,
+)
+from radixserve.engine.model_loader import load_model_files, resolve_model
+from radixserve.engine.model_loader.loader import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 1.0
+
+
+def _model_info(
+    args: ServerArgs, tokenizer: Any, info: dict[str, Any], files: Any
+) -> dict[str, Any]:
+    return {
+        "model_path": args.model_path,
+        "served_model_name": args.model_name,
+        "architecture": files.config.architecture,
+        "context_length": info["context_len"],
+        "vocab_size": files.config.vocab_size,
+        "page_size": args.page_size,
+        "eos_token_ids": sorted(files.config.eos_token_ids),
+        "chat_template": getattr(tokenizer, "chat_template", None),
+        "is_generation": True,
+    }
+
+
+def build_state(args: ServerArgs, children: ChildProcesses) -> ServerState:
+    source = resolve_model(args.model_path)
+    files = load_model_files(source, args.resolved_dtype)
+    tokenizer = load_tokenizer(source)
+    info = children.scheduler_info
+    limits = ServerLimits(info["context_len"], info["max_req_input_len"], files.config.vocab_size)
+    metrics = EngineMetrics(args.model_name)
+    tm = TokenizerManager(tokenizer, children.ports, limits, metrics)
+    return ServerState(
+        args, tokenizer, tm, children, metrics, _model_info(args, tokenizer, info, files)
+    )
+
+
+async def _watch_children(children: ChildProcesses) -> None:
+    """If any child dies, say so once and stop the server instead of hanging requests."""
+    while True:
+        await asyncio.sleep(WATCH_INTERVAL_S)
+        dead = children.dead()
+        if dead:
+            children.crashed = True
+            names = ", ".join(f"{p.name} (exit code {p.exitcode})" for p in dead)
+            logger.error("child process died: %s; shutting the server down", names)
+            print(f"radixserve: child process died: {names}; shutting down", file=sys.stderr)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+
+
+def make_lifespan(state: ServerState) -> Any:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await state.tokenizer_manager.start()
+        watcher = asyncio.create_task(_watch_children(state.children))
+        if not state.args.skip_server_warmup:
+            warm = GenerateInput([1, 2, 3], {"max_new_tokens": 1, "temperature": 0})
+            async for _ in state.tokenizer_manager.generate(warm):
+                pass
+        print(
+            f"radixserve: serving {state.args.model_name} on "
+            f"http://{state.args.host}:{state.args.port}",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            await state.tokenizer_manager.stop()
+
+    return lifespan
+
+
+def serve(args: ServerArgs) -> int:
+    print(f"radixserve: loading {args.model_path} …", file=sys.stderr, flush=True)
+    children = launch_subprocesses(args)
+    try:
+        state = build_state(args, children)
+        app = create_app(state)
+        app.router.lifespan_context = make_lifespan(state)
+        config = uvicorn.Config(
+            app, host=args.host, port=args.port, log_level=args.log_level, access_log=False
+        )
+        uvicorn.Server(config).run()
+    finally:
+        children.shutdown()
+    return 1 if children.crashed else 0

@@ -1,0 +1,50 @@
+"""ServerState: everything the HTTP routes need, held on `app.state` (no module globals)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.entrypoints.launch import ChildProcesses
+from radixserve.engine.managers.metrics import EngineMetrics
+from radixserve.engine.managers.tokenizer_manager import TokenizerManager
+
+
+@dataclass(slots=True)
+class ServerState:
+    args: ServerArgs
+    tokenizer: Any
+    tokenizer_manager: TokenizerManager
+    children: ChildProcesses
+    metrics: EngineMetrics
+    model_info: dict[str, Any]
+
+    def server_info(self) -> dict[str, Any]:
+        a = self.args
+        info = self.children.scheduler_info
+        endpoints = []
+        if a.kv_events_port is not None:
+            endpoints.append(
+                {
+                    "dp_rank": 0,
+                    "endpoint": f"tcp://{a.host}:{a.kv_events_port}",
+                    "replay_endpoint": f"tcp://{a.host}:{a.kv_events_port + 1}",
+                    "topic": "",
+                }
+            )
+        return {
+            "model_path": a.model_path,
+            "served_model_name": a.model_name,
+            "page_size": a.page_size,
+            "dp_size": 1,
+            "tp_size": 1,
+            "max_total_num_tokens": info.get("max_total_num_tokens"),
+            "max_req_input_len": info.get("max_req_input_len"),
+            "max_running_requests": info.get("max_running_requests"),
+            "context_length": info.get("context_len"),
+            "schedule_policy": a.schedule_policy,
+            "chunked_prefill_size": a.chunked_prefill_size,
+            "disable_radix_cache": a.disable_radix_cache,
+            "kv_events": endpoints,
+        }

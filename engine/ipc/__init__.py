@@ -1,0 +1,1 @@
+"""Inter-process messages (msgspec structs, no pickle) and typed ZMQ channels."""

@@ -1,0 +1,116 @@
+"""Every tokenizer ⇄ scheduler ⇄ detokenizer message, as tagged frozen msgspec structs.
+
+Keep logic out of this module: it is the wire contract between the engine's processes.
+Per-request fields in batch outputs are parallel lists indexed like `rids`; the detokenizer
+turns token-id deltas into text deltas and forwards everything else unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class _Msg(msgspec.Struct, frozen=True, tag=True, omit_defaults=True):
+    pass
+
+
+class TokenizedGenerateReq(_Msg):
+    rid: str
+    input_ids: list[int]
+    sampling_params: dict[str, Any]  # validated SamplingParams fields
+    input_text: str | None = None
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    stream: bool = False
+    data_parallel_rank: int | None = None
+
+
+class AbortReq(_Msg):
+    rid: str = ""
+    abort_all: bool = False
+
+
+class FlushCacheReq(_Msg):
+    pass
+
+
+class GetLoadReq(_Msg):
+    pass
+
+
+class GetStateReq(_Msg):
+    """Debug/test introspection: pool and cache sizes, cached page hashes."""
+
+    include_pages: bool = False
+
+
+class ShutdownReq(_Msg):
+    pass
+
+
+class FlushCacheOutput(_Msg):
+    success: bool
+    message: str = ""
+
+
+class LoadOutput(_Msg):
+    dp_rank: int
+    num_running_reqs: int
+    num_waiting_reqs: int
+    num_reqs: int
+    num_used_tokens: int
+    max_total_num_tokens: int
+    token_usage: float
+
+
+class StateOutput(_Msg):
+    max_total_num_tokens: int
+    available_tokens: int
+    evictable_tokens: int
+    protected_tokens: int
+    num_running_reqs: int
+    num_waiting_reqs: int
+    page_hashes: list[int] = []
+
+
+class BatchTokenIDOutput(_Msg):
+    """Scheduler → detokenizer: new token ids per request since the last send."""
+
+    rids: list[str]
+    new_output_ids: list[list[int]]
+    finished_reasons: list[dict[str, Any] | None]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+    retractions: list[int]
+    skip_special_tokens: list[bool]
+    no_stop_trim: list[bool]
+    stop_strs: list[list[str]]
+    prompt_tail: list[list[int]]  # last prompt ids: left context for the first decode
+    output_token_logprobs: list[list[float]] = []
+    output_top_logprobs: list[list[list[tuple[float, int]]]] = []
+
+
+class BatchStrOutput(_Msg):
+    """Detokenizer → tokenizer manager: text deltas (stop strings already trimmed)."""
+
+    rids: list[str]
+    text_deltas: list[str]
+    new_output_ids: list[list[int]]
+    finished_reasons: list[dict[str, Any] | None]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+    retractions: list[int]
+    output_token_logprobs: list[list[float]] = []
+    output_top_logprobs: list[list[list[tuple[float, int]]]] = []
+
+
+SchedulerInput = (
+    TokenizedGenerateReq | AbortReq | FlushCacheReq | GetLoadReq | GetStateReq | ShutdownReq
+)
+ControlOutput = FlushCacheOutput | LoadOutput | StateOutput
+TokenizerInput = BatchStrOutput | FlushCacheOutput | LoadOutput | StateOutput
+DetokenizerInput = BatchTokenIDOutput | ShutdownReq

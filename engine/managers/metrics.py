@@ -1,0 +1,90 @@
+"""Prometheus metrics of one replica, under SGLang's names with the `radixserve:` prefix.
+
+Counters and latency histograms are fed by the tokenizer manager as outputs arrive; gauges
+(running / queued requests, token usage) are refreshed from the scheduler's load at scrape
+time. Each server owns its own CollectorRegistry: no process-global metric state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+P = "radixserve:"
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+THROUGHPUT_WINDOW_S = 10.0
+
+
+class EngineMetrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = reg = CollectorRegistry()
+        labels = ["model_name"]
+        self.labels = {"model_name": model_name}
+
+        def g(name: str, doc: str) -> Gauge:
+            return Gauge(P + name, doc, labels, registry=reg)
+
+        def c(name: str, doc: str) -> Counter:
+            return Counter(P + name, doc, labels, registry=reg)
+
+        def h(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(P + name, doc, labels, buckets=buckets, registry=reg)
+
+        self.num_running_reqs = g("num_running_reqs", "Requests running on the scheduler")
+        self.num_queue_reqs = g("num_queue_reqs", "Requests waiting in the scheduler queue")
+        self.token_usage = g("token_usage", "Fraction of the KV pool in use")
+        self.num_used_tokens = g("num_used_tokens", "KV tokens in use")
+        self.cache_hit_rate = g("cache_hit_rate", "Cached prompt tokens / prompt tokens")
+        self.gen_throughput = g("gen_throughput", "Generated tokens per second (10 s window)")
+        self.prompt_tokens = c("prompt_tokens", "Prompt tokens of finished requests")
+        self.generation_tokens = c("generation_tokens", "Generated tokens of finished requests")
+        self.cached_tokens = c("cached_tokens", "Prompt tokens served from the prefix cache")
+        self.num_requests = c("num_requests", "Finished requests")
+        self.num_aborted = c("num_aborted_requests", "Requests finished by an abort")
+        self.num_retractions = c("num_retractions", "Retractions of finished requests")
+        self.ttft = h("time_to_first_token_seconds", "Time to first token", LATENCY_BUCKETS)
+        self.itl = h("inter_token_latency_seconds", "Inter-token latency", ITL_BUCKETS)
+        self.e2e = h("e2e_request_latency_seconds", "End-to-end latency", LATENCY_BUCKETS)
+        self._recent: deque[tuple[float, int]] = deque()
+        self._prompt_total = 0
+        self._cached_total = 0
+
+    def observe_ttft(self, seconds: float) -> None:
+        self.ttft.labels(**self.labels).observe(seconds)
+
+    def observe_itl(self, seconds: float) -> None:
+        self.itl.labels(**self.labels).observe(seconds)
+
+    def observe_tokens(self, n: int) -> None:
+        self._recent.append((time.monotonic(), n))
+
+    def observe_finished(self, meta: dict[str, Any]) -> None:
+        lab = self.labels
+        self.prompt_tokens.labels(**lab).inc(meta["prompt_tokens"])
+        self.generation_tokens.labels(**lab).inc(meta["completion_tokens"])
+        self.cached_tokens.labels(**lab).inc(meta["cached_tokens"])
+        self.num_requests.labels(**lab).inc()
+        self.num_retractions.labels(**lab).inc(meta.get("total_retractions", 0))
+        if (meta.get("finish_reason") or {}).get("type") == "abort":
+            self.num_aborted.labels(**lab).inc()
+        self.e2e.labels(**lab).observe(meta.get("e2e_latency", 0.0))
+        self._prompt_total += meta["prompt_tokens"]
+        self._cached_total += meta["cached_tokens"]
+
+    def render(self, load: Any) -> bytes:
+        """Refresh gauges from the scheduler's LoadOutput and render the exposition text."""
+        lab = self.labels
+        self.num_running_reqs.labels(**lab).set(load.num_running_reqs)
+        self.num_queue_reqs.labels(**lab).set(load.num_waiting_reqs)
+        self.token_usage.labels(**lab).set(load.token_usage)
+        self.num_used_tokens.labels(**lab).set(load.token_usage * load.max_total_num_tokens)
+        self.cache_hit_rate.labels(**lab).set(self._cached_total / max(self._prompt_total, 1))
+        now = time.monotonic()
+        while self._recent and now - self._recent[0][0] > THROUGHPUT_WINDOW_S:
+            self._recent.popleft()
+        self.gen_throughput.labels(**lab).set(sum(n for _, n in self._recent) / THROUGHPUT_WINDOW_S)
+        return generate_latest(self.registry)
