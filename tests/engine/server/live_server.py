@@ -1,0 +1,80 @@
+"""A real `radixserve serve` subprocess on a free 127.0.0.1 port, for HTTP-level tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import httpx
+
+STARTUP_TIMEOUT_S = 300
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class LiveServer:
+    base_url: str
+    port: int
+    proc: subprocess.Popen[bytes]
+    log_path: str
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+
+@contextmanager
+def live_server(*extra_args: str, log_dir: str = "/tmp") -> Iterator[LiveServer]:
+    """Start the server, wait for /health, yield it, then SIGINT and wait (SIGKILL after 20 s)."""
+    port = free_port()
+    log_path = os.path.join(log_dir, f"radixserve-test-{port}.log")
+    cmd = [
+        sys.executable,
+        "-m",
+        "radixserve.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--model-path",
+        "smollm2-135m",
+        *extra_args,
+    ]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    server = LiveServer(f"http://127.0.0.1:{port}", port, proc, log_path)
+    try:
+        _wait_healthy(server)
+        yield server
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def _wait_healthy(server: LiveServer) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"server exited during start-up:\n{server.log()[-3000:]}")
+        try:
+            if httpx.get(server.base_url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"server not healthy after {STARTUP_TIMEOUT_S}s:\n{server.log()[-3000:]}")
