@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from radixserve.bench.offline import add_offline_parser
+from radixserve.bench.serving import add_serving_parser
 
 
 def add_bench_parser(sub: Any) -> None:
     p = sub.add_parser("bench", help="benchmarks (print a table, write JSON)")
     bench_sub = p.add_subparsers(dest="bench", required=True)
     add_offline_parser(bench_sub)
+    add_serving_parser(bench_sub)

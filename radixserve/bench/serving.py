@@ -1,0 +1,212 @@
+"""`radixserve bench serving`: SGLang's bench_serving against a live server (ours, or any
+server speaking SGLang's native /generate).
+
+Requests are streamed so TTFT and inter-token latencies are measured per chunk. Arrivals:
+all at once (`--request-rate inf`) or Poisson at the given rate; `--max-concurrency` caps
+requests in flight. The cache hit rate is Σ meta_info.cached_tokens / Σ prompt tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from radixserve.bench.datasets import (
+    BenchRequest,
+    GSPConfig,
+    generated_shared_prefix,
+    random_requests,
+)
+from radixserve.bench.report import print_table, write_json
+
+
+@dataclass(slots=True)
+class RequestResult:
+    ok: bool
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    ttft: float = 0.0
+    latency: float = 0.0
+    itls: list[float] = field(default_factory=list)
+    error: str = ""
+
+
+def add_serving_parser(sub: Any) -> None:
+    p = sub.add_parser("serving", help="online benchmark against a running server")
+    p.add_argument("--base-url", default="http://127.0.0.1:30000")
+    p.add_argument(
+        "--dataset-name",
+        default="generated-shared-prefix",
+        choices=["random", "generated-shared-prefix"],
+    )
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--random-input-len", type=int, default=512)
+    p.add_argument("--random-output-len", type=int, default=64)
+    p.add_argument("--random-range-ratio", type=float, default=0.0)
+    p.add_argument("--gsp-num-groups", type=int, default=4)
+    p.add_argument("--gsp-prompts-per-group", type=int, default=8)
+    p.add_argument("--gsp-system-prompt-len", type=int, default=512)
+    p.add_argument("--gsp-question-len", type=int, default=32)
+    p.add_argument("--gsp-output-len", type=int, default=32)
+    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--vocab-size", type=int, default=49152)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--output-file", default="bench-results/serving.json")
+    p.set_defaults(handler=run_serving)
+
+
+def build_requests(args: argparse.Namespace) -> list[BenchRequest]:
+    if args.dataset_name == "random":
+        return random_requests(
+            args.num_prompts,
+            args.random_input_len,
+            args.random_output_len,
+            args.random_range_ratio,
+            args.vocab_size,
+            args.seed,
+        )
+    gsp = GSPConfig(
+        args.gsp_num_groups,
+        args.gsp_prompts_per_group,
+        args.gsp_system_prompt_len,
+        args.gsp_question_len,
+        args.gsp_output_len,
+        args.vocab_size,
+        args.seed,
+    )
+    return generated_shared_prefix(gsp)
+
+
+async def send_one(client: httpx.AsyncClient, url: str, req: BenchRequest) -> RequestResult:
+    body = {
+        "input_ids": req.input_ids,
+        "stream": True,
+        "sampling_params": {"max_new_tokens": req.output_len, "temperature": 0, "ignore_eos": True},
+    }
+    res = RequestResult(ok=False, prompt_tokens=len(req.input_ids))
+    start = last = time.perf_counter()
+    try:
+        async with client.stream("POST", url + "/generate", json=body) as r:
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return res
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                now = time.perf_counter()
+                chunk = json.loads(line[6:])
+                if res.ttft == 0.0:
+                    res.ttft = now - start
+                else:
+                    res.itls.append(now - last)
+                last = now
+                meta = chunk["meta_info"]
+                res.output_tokens = meta["completion_tokens"]
+                res.cached_tokens = meta["cached_tokens"]
+        res.latency = time.perf_counter() - start
+        res.ok = res.output_tokens > 0
+    except httpx.HTTPError as exc:
+        res.error = f"{type(exc).__name__}: {exc}"
+    return res
+
+
+async def run_benchmark(
+    args: argparse.Namespace, reqs: list[BenchRequest]
+) -> tuple[list[RequestResult], float]:
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    limit = asyncio.Semaphore(args.max_concurrency or len(reqs))
+    rng = random.Random(args.seed)
+    done = 0
+
+    async with httpx.AsyncClient(
+        timeout=httpx.Timeout(600.0), headers=headers, limits=httpx.Limits(max_connections=None)
+    ) as client:
+
+        async def guarded(req: BenchRequest) -> RequestResult:
+            nonlocal done
+            async with limit:
+                out = await send_one(client, args.base_url, req)
+            done += 1
+            if done % max(len(reqs) // 10, 1) == 0:
+                print(f"[bench] {done}/{len(reqs)} requests done", file=sys.stderr, flush=True)
+            return out
+
+        start = time.perf_counter()
+        tasks = []
+        for req in reqs:
+            tasks.append(asyncio.create_task(guarded(req)))
+            if args.request_rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(args.request_rate))
+        results = await asyncio.gather(*tasks)
+        return list(results), time.perf_counter() - start
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(int(q / 100 * len(s)), len(s) - 1)]
+
+
+def summarize(results: list[RequestResult], duration: float) -> dict[str, Any]:
+    ok = [r for r in results if r.ok]
+    n_in = sum(r.prompt_tokens for r in ok)
+    n_out = sum(r.output_tokens for r in ok)
+    ttfts = [r.ttft * 1000 for r in ok]
+    tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) * 1000 for r in ok if r.output_tokens > 1]
+    itls = [x * 1000 for r in ok for x in r.itls]
+    e2e = [r.latency * 1000 for r in ok]
+    mean = lambda v: statistics.fmean(v) if v else 0.0  # noqa: E731
+    return {
+        "successful": len(ok),
+        "failed": len(results) - len(ok),
+        "duration_s": duration,
+        "input_tokens": n_in,
+        "output_tokens": n_out,
+        "request_throughput": len(ok) / duration,
+        "input_throughput": n_in / duration,
+        "output_throughput": n_out / duration,
+        "total_throughput": (n_in + n_out) / duration,
+        "mean_ttft_ms": mean(ttfts),
+        "median_ttft_ms": _pct(ttfts, 50),
+        "p99_ttft_ms": _pct(ttfts, 99),
+        "mean_tpot_ms": mean(tpots),
+        "median_tpot_ms": _pct(tpots, 50),
+        "p99_tpot_ms": _pct(tpots, 99),
+        "mean_itl_ms": mean(itls),
+        "median_itl_ms": _pct(itls, 50),
+        "p95_itl_ms": _pct(itls, 95),
+        "p99_itl_ms": _pct(itls, 99),
+        "max_itl_ms": max(itls, default=0.0),
+        "mean_e2e_ms": mean(e2e),
+        "median_e2e_ms": _pct(e2e, 50),
+        "p99_e2e_ms": _pct(e2e, 99),
+        "cache_hit_rate": sum(r.cached_tokens for r in ok) / max(n_in, 1),
+        "errors": sorted({r.error for r in results if r.error})[:5],
+    }
+
+
+def run_serving(args: argparse.Namespace) -> int:
+    reqs = build_requests(args)
+    print(f"[bench] {len(reqs)} requests → {args.base_url}", file=sys.stderr, flush=True)
+    results, duration = asyncio.run(run_benchmark(args, reqs))
+    summary = summarize(results, duration)
+    rows = [{"metric": k, "value": v} for k, v in summary.items() if k != "errors"]
+    print_table("serving benchmark", rows, ["metric", "value"])
+    if summary["errors"]:
+        print(f"errors: {summary['errors']}")
+    settings = {k: v for k, v in vars(args).items() if k not in ("handler", "api_key")}
+    write_json(args.output_file, {"benchmark": "serving", "args": settings, "results": summary})
+    return 0 if summary["failed"] == 0 else 1
