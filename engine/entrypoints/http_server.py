@@ -145,6 +145,12 @@ def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per
             return error_response(out.message, 400)
         return JSONResponse({"success": True, "message": "Cache flushed."})
 
+    @app.get("/debug/cache_pages")
+    async def cache_pages(request: Request) -> dict[str, Any]:
+        """Sorted int64 event hashes of every cached page (the scheduler's own view)."""
+        out = await st(request).tokenizer_manager.get_state(include_pages=True)
+        return {"page_hashes": list(out.page_hashes)}
+
     @app.post("/abort_request")
     async def abort_request(request: Request) -> dict[str, Any]:
         body = await _read_json(request)

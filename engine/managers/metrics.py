@@ -62,6 +62,10 @@ class EngineMetrics:
     def observe_tokens(self, n: int) -> None:
         self._recent.append((time.monotonic(), n))
 
+    def observe_client_abort(self) -> None:
+        """A client went away before its request finished; the request was aborted."""
+        self.num_aborted.labels(**self.labels).inc()
+
     def observe_finished(self, meta: dict[str, Any]) -> None:
         lab = self.labels
         self.prompt_tokens.labels(**lab).inc(meta["prompt_tokens"])

@@ -95,12 +95,16 @@ class PrefillAdder:
 
     def add_chunked_req(self, req: Req) -> Req | None:
         """Continue the chunked request first; returns it if it stays chunked."""
-        room = int(min(self.rem_chunk_tokens or req.extend_input_len, self.rem_total_tokens))
+        chunk = req.extend_input_len if self.rem_chunk_tokens is None else self.rem_chunk_tokens
+        room = int(min(chunk, self.rem_total_tokens))
         truncated = req.extend_input_len > room
         if truncated:
             room = room // self.page_size * self.page_size
             if room <= 0:
-                return req  # no room this round; it keeps its place as the chunked request
+                # No room this round: it stays the chunked request, with fill_ids back at
+                # what has KV (the scheduler re-caches exactly that part next round).
+                req.fill_ids = req.fill_ids[: len(req.prefix_indices)]
+                return req
         req.extend_input_len = min(req.extend_input_len, room)
         req.fill_ids = req.fill_ids[: len(req.prefix_indices) + req.extend_input_len]
         self.can_run_list.append(req)

@@ -153,7 +153,7 @@ class Scheduler:
         self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
         if adder.new_chunked_req is not None:
             self.chunked_req = adder.new_chunked_req
-        if self.chunked_req is not None:
+        if self.chunked_req is not None and self.chunked_req in adder.can_run_list:
             self.chunked_req.is_chunked += 1
         batch = ScheduleBatch(adder.can_run_list, self.kv)
         batch.prepare_for_extend()

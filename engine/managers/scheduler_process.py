@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -30,6 +30,7 @@ from radixserve.engine.ipc.messages import (
     ShutdownReq,
     TokenizedGenerateReq,
 )
+from radixserve.engine.managers.kv_event_publisher import ZmqKVEventPublisher
 from radixserve.engine.managers.req import Req
 from radixserve.engine.managers.scheduler import Scheduler
 from radixserve.engine.sampling import SamplingParams, make_generator
@@ -173,13 +174,20 @@ def run_scheduler_process(
     """Process entry point: build model + scheduler, report readiness, serve forever."""
     from radixserve.engine.entrypoints.engine_core import EngineCore  # builds the model
 
+    if args.kv_events_port is not None and not args.enable_kv_events:
+        args = replace(args, enable_kv_events=True)
+    ctx = zmq.Context()
+    publisher = None
     try:
+        if args.kv_events_port is not None:  # bind first: a taken port fails fast
+            publisher = ZmqKVEventPublisher(args.host, args.kv_events_port, dp_rank, ctx=ctx)
         core = EngineCore(**asdict(args))
     except Exception as exc:  # report start-up failure to the parent instead of hanging it
         logger.exception("scheduler start-up failed")
+        if publisher is not None:
+            publisher.close()
         ready.send({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
         return
-    ctx = zmq.Context()
     channels = SchedulerChannels(
         recv=PullChannel(ctx, ports.scheduler_input, bind=False, msg_type=SchedulerInput),
         to_detokenizer=PushChannel(ctx, ports.detokenizer_input, bind=False),
@@ -196,4 +204,9 @@ def run_scheduler_process(
             "context_len": core.model_config.context_len,
         }
     )
-    SchedulerLoop(sched, channels, core.tokenizer, core.eos_token_ids).run()
+    flush = publisher.make_flush(lambda: sched.tree_cache) if publisher is not None else None
+    try:
+        SchedulerLoop(sched, channels, core.tokenizer, core.eos_token_ids, flush).run()
+    finally:
+        if publisher is not None:
+            publisher.close()

@@ -165,6 +165,7 @@ class TokenizerManager:
                     return
         finally:
             if not state.finished:
+                self.metrics.observe_client_abort()
                 await self.abort(inp.rid)
             self.rid_to_state.pop(inp.rid, None)
 

@@ -230,11 +230,6 @@ def test_add_chunked_req_finishes_and_reserves_max_new() -> None:
     assert adder.rem_chunk_tokens == 64 - 36
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: prefill_adder.py:98 `self.rem_chunk_tokens or …` treats a chunk budget of 0 "
-    "as 'no chunking' and admits the whole remainder",
-)
 def test_add_chunked_req_with_zero_chunk_budget_admits_nothing() -> None:
     adder = make_adder(1024, chunk=8, mixed=8)  # rem_chunk_tokens == 0
     req = make_req(100, 10)
