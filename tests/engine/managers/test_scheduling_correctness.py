@@ -14,7 +14,7 @@ import pytest
 
 GROUPS = 4
 PER_GROUP = 8
-NEW_TOKENS = 8
+NEW_TOKENS = 6
 GREEDY = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
 
 
@@ -22,7 +22,7 @@ def make_prompts(tokenizer: Any) -> list[list[int]]:
     topics = ["the ocean", "mountain climbing", "medieval castles", "quantum computers"]
     out = []
     for g, topic in enumerate(topics[:GROUPS]):
-        system = (f"You are an expert on {topic}. " * 12).strip()
+        system = (f"You are an expert on {topic}. " * 8).strip()
         prefix = tokenizer.encode(system)
         for i in range(PER_GROUP):
             out.append(prefix + tokenizer.encode(f" Question {g}.{i}: tell me fact number {i}."))

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import PROMPTS, SMOLLM
+from tests.conftest import PROMPTS
 
 NEW_TOKENS = 64
 
@@ -38,18 +38,16 @@ def test_batch_greedy_matches_transformers(smollm_engine: Any, reference: list[l
     assert [o["output_ids"] for o in outs] == reference
 
 
-def test_page_size_16_matches_transformers(reference: list[list[int]]) -> None:
-    from radixserve.engine import Engine
-
-    engine = Engine(model_path=SMOLLM, page_size=16, max_total_tokens=8192)
+def test_page_size_16_matches_transformers(smollm_engine: Any, reference: list[list[int]]) -> None:
+    engine = smollm_engine.with_args(page_size=16, max_total_tokens=8192)
     outs = engine.generate(prompt=PROMPTS, sampling_params=GREEDY)
     assert [o["output_ids"] for o in outs] == reference
     engine.scheduler.check_memory_invariant()
 
 
-def test_chunked_prefill_matches_transformers(reference: list[list[int]]) -> None:
-    from radixserve.engine import Engine
-
-    engine = Engine(model_path=SMOLLM, chunked_prefill_size=16, max_total_tokens=8192)
+def test_chunked_prefill_matches_transformers(
+    smollm_engine: Any, reference: list[list[int]]
+) -> None:
+    engine = smollm_engine.with_args(chunked_prefill_size=16, max_total_tokens=8192)
     outs = engine.generate(prompt=PROMPTS, sampling_params=GREEDY)
     assert [o["output_ids"] for o in outs] == reference
