@@ -128,7 +128,9 @@ def serve(args: ServerArgs) -> int:
         config = uvicorn.Config(
             app, host=args.host, port=args.port, log_level=args.log_level, access_log=False
         )
-        uvicorn.Server(config).run()
+        # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal.
+        with contextlib.suppress(KeyboardInterrupt):
+            uvicorn.Server(config).run()
     finally:
         children.shutdown()
     return 1 if children.crashed else 0
