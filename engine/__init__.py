@@ -12,8 +12,12 @@ __all__ = ["Engine", "EngineCore"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Engine", "EngineCore"):
+    if name == "Engine":  # multi-process, like sglang.Engine
+        from radixserve.engine.entrypoints.engine import Engine
+
+        return Engine
+    if name == "EngineCore":  # model + scheduler in this process
         from radixserve.engine.entrypoints.engine_core import EngineCore
 
-        return EngineCore  # the in-process engine; the multi-process Engine shares its API
+        return EngineCore
     raise AttributeError(name)

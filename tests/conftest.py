@@ -47,7 +47,7 @@ def hf_smollm(smollm_source: Any) -> Any:
 
 @pytest.fixture(scope="session")
 def smollm_engine() -> Iterator[Any]:
-    from radixserve.engine import Engine
+    from radixserve.engine import EngineCore as Engine
 
     engine = Engine(model_path=SMOLLM, max_total_tokens=16384)
     yield engine

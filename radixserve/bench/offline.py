@@ -73,7 +73,7 @@ def _run_once(engine: Any, reqs: list[Any]) -> dict[str, Any]:
 
 
 def run_offline(args: argparse.Namespace) -> int:
-    from radixserve.engine import Engine  # torch: only for engine benchmarks
+    from radixserve.engine import EngineCore as Engine  # torch: only for engine benchmarks
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in ("cache", "nocache")]

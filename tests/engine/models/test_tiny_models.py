@@ -62,7 +62,7 @@ class Tiny:
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Tiny]]:
     """Build each case once per module, on first use."""
-    from radixserve.engine import Engine
+    from radixserve.engine import EngineCore as Engine
 
     built: dict[str, Tiny] = {}
 
