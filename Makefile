@@ -12,7 +12,7 @@ HAS_SMOLLM := import importlib.util, sys; sys.exit(importlib.util.find_spec('llm
 # NOTE: never `python -m …` from the repo root: the top-level operator/ folder would shadow the
 # standard library's `operator` module for that interpreter. Console scripts are safe.
 
-.PHONY: run test lint install e2e bench clean
+.PHONY: run demo test lint install e2e clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,11 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
+# One replica on 127.0.0.1:30000 (the router and `radixserve up` come with the router issue).
 run: install
+	$(VENV)/bin/radixserve serve --model-path smollm2-135m --host 127.0.0.1 --port 30000
+
+demo: install
 	$(VENV)/bin/radixserve demo --model-path smollm2-135m
 
 test: install
