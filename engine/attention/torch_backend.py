@@ -51,7 +51,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         k_cache, v_cache = self._write_kv(k, v, layer, fb)
         q = q.view(-1, layer.num_heads, layer.head_dim)
         out = torch.empty_like(q)
-        rows = fb.req_to_token_pool.req_to_token[fb.req_pool_indices]
+        rows = fb.req_kv_rows(max(fb.seq_lens_cpu))
         start = 0
         for i, (prefix, ext) in enumerate(
             zip(fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu, strict=True)
@@ -79,7 +79,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         fb = forward_batch
         k_cache, v_cache = self._write_kv(k, v, layer, fb)
         bs, max_len = fb.batch_size, max(fb.seq_lens_cpu)
-        slots = fb.req_to_token_pool.req_to_token[fb.req_pool_indices, :max_len].long()
+        slots = fb.req_kv_rows(max_len)
         ar = torch.arange(max_len, device=q.device)
         valid = ar[None, :] < fb.seq_lens[:, None]  # [B, L]
         slots = torch.where(valid, slots, torch.zeros_like(slots))

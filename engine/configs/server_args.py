@@ -35,6 +35,7 @@ class ServerArgs:
     max_queued_requests: int | None = None
     disable_radix_cache: bool = False
     radix_eviction_policy: str = "lru"
+    disable_overlap_schedule: bool = False
     enable_kv_events: bool = False  # record radix-tree events (the server publishes them)
     attention_backend: str = "torch"
     # serving

@@ -1,4 +1,5 @@
-"""OpenAI-compatible routes: /v1/models (completions and chat are added by openai_serving)."""
+"""OpenAI-compatible routes: /v1/models, /v1/completions and /v1/chat/completions (the latter two
+implemented in openai_serving, their request models in openai_protocol)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import time
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from radixserve.engine.entrypoints.openai_serving import create_chat_completion, create_completion
 
 
 def install_openai_routes(app: FastAPI) -> None:
@@ -25,3 +29,11 @@ def install_openai_routes(app: FastAPI) -> None:
                 }
             ],
         }
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await create_completion(request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await create_chat_completion(request)

@@ -125,8 +125,14 @@ def serve(args: ServerArgs) -> int:
         state = build_state(args, children)
         app = create_app(state)
         app.router.lifespan_context = make_lifespan(state)
+        # Bounded graceful shutdown: open streams are cut after a few seconds, not awaited.
         config = uvicorn.Config(
-            app, host=args.host, port=args.port, log_level=args.log_level, access_log=False
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            access_log=False,
+            timeout_graceful_shutdown=5,
         )
         # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal.
         with contextlib.suppress(KeyboardInterrupt):

@@ -48,6 +48,9 @@ class Req:
     stream: bool = False
 
     send_offset: int = 0  # output ids already sent to the detokenizer
+    # overlap: tokens sampled by launched batches but not yet appended to output_ids
+    num_inflight: int = 0
+    pending_token: int = 0  # placeholder (−slot) of the newest in-flight token
 
     output_ids: list[int] = field(default_factory=list)
     fill_ids: list[int] = field(default_factory=list)
@@ -71,7 +74,11 @@ class Req:
 
     @property
     def seqlen(self) -> int:
-        return len(self.origin_input_ids) + len(self.output_ids)
+        return len(self.origin_input_ids) + len(self.output_ids) + self.num_inflight
+
+    def last_token(self) -> int:
+        """Input of the next decode step: the newest token, or its placeholder if in flight."""
+        return self.pending_token if self.num_inflight else self.output_ids[-1]
 
     def finished(self) -> bool:
         return self.finished_reason is not None

@@ -125,7 +125,7 @@ class ScheduleBatch:
             assert r.req_pool_idx is not None
             pool.write(r.req_pool_idx, self.prefix_lens[i], slots[i : i + 1])
             r.kv_allocated_len = r.seqlen
-        self.input_ids = [r.output_ids[-1] for r in reqs]
+        self.input_ids = [r.last_token() for r in reqs]
         self.positions = list(self.prefix_lens)
 
     def mix_with_running(self, running: ScheduleBatch) -> None:
@@ -151,12 +151,16 @@ class ScheduleBatch:
         def t(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=device)
 
+        pool_idx = t([r.req_pool_idx for r in self.reqs])  # type: ignore[misc]
+        max_len = max(self.seq_lens, default=0)
+        kv_rows = self.kv.req_to_token_pool.req_to_token[pool_idx, :max_len].to(torch.int64)
+
         return ForwardBatch(
             forward_mode=self.forward_mode,
             batch_size=len(self.reqs),
             input_ids=t(self.input_ids),
             positions=t(self.positions),
-            req_pool_indices=t([r.req_pool_idx for r in self.reqs]),  # type: ignore[misc]
+            req_pool_indices=pool_idx,
             seq_lens=t(self.seq_lens),
             out_cache_loc=self.out_cache_loc.to(device),
             extend_prefix_lens_cpu=list(self.prefix_lens),
@@ -166,4 +170,5 @@ class ScheduleBatch:
             attn_backend=attn_backend,  # type: ignore[arg-type]
             return_all_logits=False,
             seq_lens_cpu=list(self.seq_lens),
+            kv_rows=kv_rows,
         )

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
+
+import torch
 
 from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.ipc.messages import LoadOutput, StateOutput
 from radixserve.engine.managers.finish_reason import FinishAbort
+from radixserve.engine.managers.overlap import ForwardWorker, FutureMap, InflightBatch
 from radixserve.engine.managers.prefill_adder import AddReqResult, PrefillAdder, PrefillBudget
 from radixserve.engine.managers.req import Req, TailDecoder
 from radixserve.engine.managers.retraction import NewTokenRatio, retract_decode
@@ -52,6 +56,9 @@ class Scheduler:
         self.policy = SchedulePolicy(args.schedule_policy, tree_cache, args.random_seed)
         self.sampler = Sampler()
         self.total_retractions = 0
+        self.inflight: deque[InflightBatch] = deque()
+        self.future_map = FutureMap(4 * (self.max_running_requests + 8))
+        self.worker = None if args.disable_overlap_schedule else ForwardWorker(self.future_map)
 
     @staticmethod
     def _make_tree_cache(args: ServerArgs, runner: ModelRunner) -> BasePrefixCache:
@@ -215,32 +222,72 @@ class Scheduler:
     # ---- run + results ---------------------------------------------------------------------
 
     def step(self) -> list[Req]:
-        """Run one batch; returns requests that received a token or finished."""
+        """One scheduling round; returns requests that received a token or finished.
+
+        Without overlap a batch is launched and processed in the same round. With overlap
+        the result of batch N is processed after batch N+1 was launched, except between
+        two prefills (the second should see the first's prefixes in the cache)."""
+        updated: list[Req] = []
+        last = self.inflight[-1] if self.inflight else None
+        if last is not None and self.waiting_queue and last.batch.forward_mode.is_extend_like():
+            updated += self._process_oldest()
         batch = self.get_next_batch_to_run()
         self.last_batch = batch
-        if batch is None:
+        if batch is not None:
+            self.inflight.append(self._launch(batch))
+        while self.inflight and (self.worker is None or len(self.inflight) > 1 or batch is None):
+            updated += self._process_oldest()
+        if batch is None and not self.inflight:
             self.ratio.reset()
-            return []
-        out = self.run_batch(batch)
-        return self.process_batch_result(batch, out)
+        return updated
 
-    def run_batch(self, batch: ScheduleBatch) -> SampleOutput:
+    def _launch(self, batch: ScheduleBatch) -> InflightBatch:
+        extend = batch.forward_mode.is_extend_like()
+        samples = [not (extend and r is self.chunked_req) for r in batch.reqs]
+        rec = InflightBatch(
+            batch, list(batch.reqs), samples, [r.retraction_count for r in batch.reqs]
+        )
+        slots = self.future_map.alloc(len(batch.reqs))
+        for req, slot, sample in zip(batch.reqs, slots, samples, strict=True):
+            if sample:
+                req.num_inflight += 1
+                req.pending_token = -slot
         fb = batch.to_forward_batch(self.runner.device, self.runner.attn_backend)
-        logits = self.runner.forward(fb).next_token_logits
         info = SamplingBatchInfo.build(
-            [r.sampling_row() for r in batch.reqs], logits.shape[-1], logits.device
+            [r.sampling_row() for r in batch.reqs],
+            self.runner.model_config.vocab_size,
+            self.runner.device,
         )
         nums = [r.top_logprobs_num for r in batch.reqs]
-        return self.sampler.sample(logits, info, nums if any(nums) else None)
 
-    def process_batch_result(self, batch: ScheduleBatch, out: SampleOutput) -> list[Req]:
-        ids = out.next_token_ids.tolist()
-        logprobs = out.logprobs.tolist()
+        def forward(input_ids: torch.Tensor) -> SampleOutput:
+            fb.input_ids = input_ids
+            logits = self.runner.forward(fb).next_token_logits
+            return self.sampler.sample(logits, info, nums if any(nums) else None)
+
+        if self.worker is None:
+            out = forward(self.future_map.resolve(fb.input_ids))
+            self.future_map.store(slots, out.next_token_ids)
+            rec.result.set_result(out)
+        else:
+            self.worker.submit(forward, fb.input_ids, slots, rec.result)
+        return rec
+
+    def _process_oldest(self) -> list[Req]:
+        rec = self.inflight.popleft()
+        out = rec.result.result()
+        ids, logprobs = out.next_token_ids.tolist(), out.logprobs.tolist()
+        extend = rec.batch.forward_mode.is_extend_like()
         updated: list[Req] = []
-        for i, req in enumerate(batch.reqs):
-            if batch.forward_mode.is_extend_like() and req.is_chunked > 0:
+        for i, req in enumerate(rec.reqs):
+            if not rec.samples[i]:
                 req.is_chunked -= 1
                 continue
+            if req.retraction_count != rec.retractions[i]:
+                continue  # retracted after launch: this token is regenerated later
+            req.num_inflight -= 1
+            if req.finished():
+                continue  # finished at the previous step; overlap scheduled one extra token
             req.output_ids.append(ids[i])
             if req.return_logprob:
                 req.output_token_logprobs.append(logprobs[i])
@@ -249,7 +296,7 @@ class Scheduler:
             req.check_finished(self.decode_tail)
             if req.finished():
                 self.tree_cache.cache_finished_req(req)
-            elif batch.forward_mode.is_extend_like() and req not in batch.decoding_reqs:
+            elif extend and req not in rec.batch.decoding_reqs:
                 self.tree_cache.cache_unfinished_req(req)
             updated.append(req)
         return updated

@@ -242,7 +242,7 @@ class TokenizerManager:
                     "output_ids": list(state.output_ids),
                     "new_output_ids": new_ids,
                     "meta_info": meta,
-                    "token_logprobs": state.token_logprobs,
-                    "top_logprobs": state.top_logprobs,
+                    "token_logprobs": list(state.token_logprobs),
+                    "top_logprobs": list(state.top_logprobs),
                 }
             )

@@ -245,7 +245,10 @@ class RadixCache(BasePrefixCache):
         kv_len = req.kv_allocated_len
         kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, :kv_len].to(torch.int64).clone()
         if is_insert:
-            aligned = kv_len // self.page_size * self.page_size
+            # The last sampled token's KV is not part of the request's committed state (under
+            # overlap an extra step may have computed it); insert what precedes it, free the rest.
+            committed = min(kv_len, len(req.full_ids()) - 1)
+            aligned = committed // self.page_size * self.page_size
             new_prefix = self.insert(req.full_ids()[:aligned], kv[:aligned])
             self.allocator.free(kv[req.cache_protected_len : new_prefix])
             self.allocator.free(kv[aligned:])

@@ -47,6 +47,15 @@ class ForwardBatch:
     attn_backend: AttentionBackend
     return_all_logits: bool = False  # also return logits at every position (input logprobs)
     seq_lens_cpu: list[int] = field(default_factory=list)
+    # [B, max(seq_lens)] int64: a copy of each request's req_to_token row taken when the
+    # batch was built, so the CPU may rewrite rows for the next batch during this forward.
+    kv_rows: torch.Tensor | None = None
+
+    def req_kv_rows(self, max_len: int) -> torch.Tensor:
+        if self.kv_rows is not None:
+            return self.kv_rows[:, :max_len]
+        rows = self.req_to_token_pool.req_to_token[self.req_pool_indices, :max_len]
+        return rows.to(torch.int64)
 
     @property
     def num_tokens(self) -> int:

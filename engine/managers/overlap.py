@@ -1,0 +1,92 @@
+"""Overlap of CPU scheduling with the model forward (SGLang's overlap event loop, on CPU).
+
+A ForwardWorker thread runs forward + sampling for batches in submission order while the
+scheduler thread builds the next batch and processes the previous result. The next decode
+batch is built before the current one's tokens are known, so its inputs hold placeholders
+(−slot); the worker resolves them from the FutureMap just before the forward and writes
+the sampled ids back afterwards. Serial execution in the worker makes this race-free:
+batch N has always finished when batch N+1 resolves its placeholders.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from radixserve.engine.managers.req import Req
+from radixserve.engine.managers.schedule_batch import ScheduleBatch
+from radixserve.engine.sampling import SampleOutput
+
+ForwardFn = Callable[[torch.Tensor], SampleOutput]  # resolved input ids → sampled output
+
+
+class FutureMap:
+    """A ring of token ids; slot k is referred to as the placeholder id −k (k ≥ 1)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.buf = torch.zeros(size + 1, dtype=torch.int64)
+        self._next = 1
+
+    def alloc(self, n: int) -> list[int]:
+        out = []
+        for _ in range(n):
+            out.append(self._next)
+            self._next = self._next % self.size + 1
+        return out
+
+    def resolve(self, input_ids: torch.Tensor) -> torch.Tensor:
+        mask = input_ids < 0
+        if bool(mask.any()):
+            input_ids = input_ids.clone()
+            input_ids[mask] = self.buf[-input_ids[mask]]
+        return input_ids
+
+    def store(self, slots: list[int], token_ids: torch.Tensor) -> None:
+        self.buf[torch.tensor(slots, dtype=torch.int64)] = token_ids.cpu()
+
+
+@dataclass(slots=True)
+class InflightBatch:
+    """A launched batch: its requests as they were at launch and where its result lands."""
+
+    batch: ScheduleBatch
+    reqs: list[Req]
+    samples: list[bool]  # False: a chunk that is not the request's last (no token)
+    retractions: list[int]  # retraction counts at launch: a retracted request's token is void
+    result: Future[SampleOutput] = field(default_factory=Future)
+
+
+class ForwardWorker:
+    """Runs submitted forwards one at a time on a daemon thread."""
+
+    def __init__(self, future_map: FutureMap) -> None:
+        self.future_map = future_map
+        self._queue: queue.Queue[
+            tuple[ForwardFn, torch.Tensor, list[int], Future[SampleOutput]] | None
+        ] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="forward-worker", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self, fn: ForwardFn, input_ids: torch.Tensor, slots: list[int], fut: Future[SampleOutput]
+    ) -> None:
+        self._queue.put((fn, input_ids, slots, fut))
+
+    def _loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            fn, input_ids, slots, fut = item
+            try:
+                out = fn(self.future_map.resolve(input_ids))
+                self.future_map.store(slots, out.next_token_ids)
+                fut.set_result(out)
+            except BaseException as exc:  # surfaced to the scheduler thread by fut.result()
+                fut.set_exception(exc)
+
+    def stop(self) -> None:
+        self._queue.put(None)
