@@ -86,8 +86,9 @@ class EngineCore:
         return outputs
 
     def shutdown(self) -> None:
-        """Release the model and pools (a no-op beyond that for the in-process engine)."""
-        self.scheduler.waiting_queue.clear()
+        """Stop the forward worker and drop the KV pools (the weights may be shared with
+        engines made by `with_args`, so they stay)."""
+        self.scheduler.close()
 
     def __enter__(self) -> EngineCore:
         return self

@@ -301,6 +301,15 @@ class Scheduler:
             updated.append(req)
         return updated
 
+    def close(self) -> None:
+        """Stop the forward worker; drop queues and pool references."""
+        if self.worker is not None:
+            self.worker.stop()
+            self.worker = None
+        self.waiting_queue.clear()
+        self.inflight.clear()
+        self.runner.release_pools()
+
     def abort_request(self, rid: str, abort_all: bool = False) -> list[Req]:
         """Abort queued requests at once (returned, already finished) and running ones at
         their next step (they finish with an abort reason through the normal path)."""

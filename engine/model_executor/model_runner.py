@@ -119,6 +119,11 @@ class ModelRunner:
         )
         return model
 
+    def release_pools(self) -> None:
+        """Free the KV buffers now rather than whenever the runner is collected."""
+        self.token_to_kv_pool.k_buffer.clear()
+        self.token_to_kv_pool.v_buffer.clear()
+
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         self.attn_backend.init_forward_metadata(forward_batch)
         with torch.inference_mode():

@@ -75,11 +75,14 @@ def test_outputs_identical_across_configurations(
         enable_mixed_chunk=mixed,
         schedule_policy=policy,
         page_size=page,
-        max_total_tokens=16384,
+        max_total_tokens=6144,
     )
-    outs = engine.generate(input_ids=prompts, sampling_params=GREEDY)
-    assert [o["output_ids"] for o in outs] == reference
-    engine.scheduler.check_memory_invariant()
+    try:
+        outs = engine.generate(input_ids=prompts, sampling_params=GREEDY)
+        assert [o["output_ids"] for o in outs] == reference
+        engine.scheduler.check_memory_invariant()
+    finally:
+        engine.shutdown()
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
