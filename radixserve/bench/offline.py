@@ -16,6 +16,11 @@ from typing import Any
 from radixserve.bench.datasets import GSPConfig, generated_shared_prefix
 from radixserve.bench.report import print_table, write_json
 
+MODES: dict[str, dict[str, bool]] = {
+    "cache": {"disable_radix_cache": False, "disable_overlap_schedule": False},
+    "nocache": {"disable_radix_cache": True, "disable_overlap_schedule": False},
+    "cache-no-overlap": {"disable_radix_cache": False, "disable_overlap_schedule": True},
+}
 COLUMNS = [
     "config",
     "requests",
@@ -43,7 +48,11 @@ def add_offline_parser(sub: Any) -> None:
     p.add_argument("--schedule-policy", default="fcfs")
     p.add_argument("--chunked-prefill-size", type=int, default=None)
     p.add_argument("--max-total-tokens", type=int, default=65536)
-    p.add_argument("--modes", default="cache,nocache", help="comma list of cache,nocache")
+    p.add_argument(
+        "--modes",
+        default="cache,nocache,cache-no-overlap",
+        help="comma list of: cache, nocache, cache-no-overlap",
+    )
     p.add_argument("--output-file", default="bench-results/offline.json")
     p.set_defaults(handler=run_offline)
 
@@ -76,9 +85,9 @@ def run_offline(args: argparse.Namespace) -> int:
     from radixserve.engine import EngineCore as Engine  # torch: only for engine benchmarks
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in ("cache", "nocache")]
+    bad = [m for m in modes if m not in MODES]
     if bad:
-        raise ValueError(f"--modes: unknown {bad}; use cache and/or nocache")
+        raise ValueError(f"--modes: unknown {bad}; choose from {sorted(MODES)}")
     print(f"[bench] loading {args.model_path} …", file=sys.stderr, flush=True)
     base = Engine(
         model_path=args.model_path, dtype=args.dtype, max_total_tokens=args.max_total_tokens
@@ -95,17 +104,14 @@ def run_offline(args: argparse.Namespace) -> int:
     rows = []
     for mode in modes:
         engine = base.with_args(
-            disable_radix_cache=(mode == "nocache"),
+            **MODES[mode],
             schedule_policy=args.schedule_policy,
             chunked_prefill_size=args.chunked_prefill_size,
         )
         engine.generate(input_ids=[[1, 2, 3]], sampling_params={"max_new_tokens": 2})  # warm-up
-        print(
-            f"[bench] running {len(reqs)} requests, radix cache {mode} …",
-            file=sys.stderr,
-            flush=True,
-        )
-        rows.append({"config": f"radix-{mode}", **_run_once(engine, reqs)})
+        print(f"[bench] running {len(reqs)} requests, mode {mode} …", file=sys.stderr, flush=True)
+        rows.append({"config": mode, **_run_once(engine, reqs)})
+        engine.shutdown()
     print_table("offline throughput (generated-shared-prefix)", rows, COLUMNS)
     write_json(
         args.output_file,
