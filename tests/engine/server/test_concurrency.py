@@ -40,6 +40,22 @@ async def run_all(url: str) -> list[dict]:
         )
 
 
+EXPECTED_METRICS = [
+    "num_running_reqs",
+    "num_queue_reqs",
+    "token_usage",
+    "cache_hit_rate",
+    "gen_throughput",
+    "num_retractions_total",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "cached_tokens_total",
+    "time_to_first_token_seconds_bucket",
+    "inter_token_latency_seconds_bucket",
+    "e2e_request_latency_seconds_bucket",
+]
+
+
 def wait_idle(server: LiveServer, timeout_s: float = 60) -> dict:
     deadline = time.monotonic() + timeout_s
     load: dict = {}
@@ -66,3 +82,5 @@ def test_64_concurrent_streams_and_early_disconnects(server: LiveServer) -> None
         ln for ln in metrics.splitlines() if ln.startswith("radixserve:num_aborted_requests_total")
     ]
     assert aborted and float(aborted[0].split()[-1]) >= N_DISCONNECT
+    for name in EXPECTED_METRICS:
+        assert f"radixserve:{name}" in metrics, name

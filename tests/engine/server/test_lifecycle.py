@@ -83,8 +83,15 @@ def test_full_queue_503_then_child_death_and_clean_ctrl_c() -> None:
         assert not [k for k in kids if _alive(k) and k != scheduler], "orphaned children"
 
 
-def test_ctrl_c_stops_every_process() -> None:
-    with live_server("--max-total-tokens", "2048") as srv:
+def test_api_key_and_ctrl_c_stops_every_process() -> None:
+    with live_server("--max-total-tokens", "2048", "--api-key", "sekret") as srv:
+        assert httpx.get(srv.base_url + "/health", timeout=10).status_code == 200
+        denied = httpx.get(srv.base_url + "/v1/models", timeout=10)
+        assert denied.status_code == 401 and denied.json()["object"] == "error"
+        ok = httpx.get(
+            srv.base_url + "/v1/models", timeout=10, headers={"Authorization": "Bearer sekret"}
+        )
+        assert ok.status_code == 200
         kids = [k for k in _children(srv.proc.pid) if _alive(k)]
         assert kids
         srv.proc.send_signal(signal.SIGINT)
