@@ -96,7 +96,7 @@ class TokenizerManager:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        ctx = zmq.asyncio.Context()
+        self.ctx = ctx = zmq.asyncio.Context()
         self.to_scheduler = AsyncPushChannel(ctx, self.ports.scheduler_input, bind=True)
         self.recv = AsyncPullChannel(
             ctx, self.ports.tokenizer_input, bind=True, msg_type=TokenizerInput
@@ -104,8 +104,12 @@ class TokenizerManager:
         self._task = asyncio.create_task(self.handle_loop())
 
     async def stop(self) -> None:
+        """Cancel the output loop and close the sockets now: a context left to the garbage
+        collector blocks in zmq_ctx_term while its sockets are open."""
         if self._task is not None:
             self._task.cancel()
+            self._task = None
+            self.ctx.destroy(linger=0)
 
     # ---- validation -------------------------------------------------------------------------
 
