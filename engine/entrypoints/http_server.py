@@ -122,6 +122,12 @@ def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per
                 tm.validate(inp)
             return StreamingResponse(events(), media_type="text/event-stream")
         outs = await until_disconnect(request, lambda: collect(tm, inputs))
+        for o in outs:  # an engine-side abort (e.g. queue full) is the request's HTTP status
+            reason = o["meta_info"]["finish_reason"] or {}
+            if reason.get("type") == "abort":
+                return error_response(
+                    reason.get("message", "aborted"), int(reason.get("status_code", 400))
+                )
         result = [native_output(o, lp) for o in outs]
         return JSONResponse(result[0] if single else result)
 
