@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -27,6 +30,17 @@ def error_response(message: str, status_code: int = 400) -> JSONResponse:
         },
         status_code=status_code,
     )
+
+
+async def read_json_object(request: Request) -> dict[str, Any]:
+    """The body as a JSON object; malformed JSON or another JSON type is a 400."""
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise RequestError("body: malformed JSON") from None
+    if not isinstance(body, dict):
+        raise RequestError("body: expected a JSON object")
+    return body
 
 
 def _describe(exc: RequestValidationError) -> str:

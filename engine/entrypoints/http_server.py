@@ -18,7 +18,11 @@ from radixserve.engine.entrypoints.generation import (
     merge_streams,
     until_disconnect,
 )
-from radixserve.engine.entrypoints.http_errors import error_response, install_error_handlers
+from radixserve.engine.entrypoints.http_errors import (
+    error_response,
+    install_error_handlers,
+    read_json_object,
+)
 from radixserve.engine.entrypoints.openai_routes import install_openai_routes
 from radixserve.engine.entrypoints.server_state import ServerState
 from radixserve.engine.managers.tokenizer_manager import GenerateInput, RequestError
@@ -79,16 +83,6 @@ def native_output(chunk: dict[str, Any], return_logprob: bool) -> dict[str, Any]
     return {"text": chunk["text"], "output_ids": chunk["output_ids"], "meta_info": meta}
 
 
-async def _read_json(request: Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise RequestError("body: malformed JSON") from None
-    if not isinstance(body, dict):
-        raise RequestError("body: expected a JSON object")
-    return body
-
-
 def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per route
     def st(request: Request) -> ServerState:
         return request.app.state.server
@@ -107,7 +101,7 @@ def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request) -> Response:
-        body = await _read_json(request)
+        body = await read_json_object(request)
         state = st(request)
         inputs, single = _body_inputs(state, body)
         tm, lp = state.tokenizer_manager, bool(body.get("return_logprob"))
@@ -159,7 +153,7 @@ def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> dict[str, Any]:
-        body = await _read_json(request)
+        body = await read_json_object(request)
         rid = body.get("rid")
         if not isinstance(rid, str) or not rid:
             raise RequestError("rid: expected a non-empty string")
@@ -168,7 +162,7 @@ def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
-        body = await _read_json(request)
+        body = await read_json_object(request)
         prompt = body.get("prompt", body.get("text"))
         if not isinstance(prompt, str):
             raise RequestError("prompt: expected a string")
@@ -181,7 +175,7 @@ def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
-        body = await _read_json(request)
+        body = await read_json_object(request)
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise RequestError("tokens: expected a list of token ids")

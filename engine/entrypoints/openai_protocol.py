@@ -9,7 +9,6 @@ OpenAI ones (`max_new_tokens` → `max_tokens`, ...).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from typing import Any
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from radixserve.engine.entrypoints.http_errors import read_json_object
 from radixserve.engine.managers.tokenizer_manager import GenerateInput, RequestError
 
 MAX_N = 128
@@ -146,12 +146,7 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 async def parse_body(request: Request, model: type[BaseModel]) -> Any:
     """The request body as `model`; malformed JSON or a bad field is a RequestError (400)."""
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise RequestError("body: malformed JSON") from None
-    if not isinstance(body, dict):
-        raise RequestError("body: expected a JSON object")
+    body = await read_json_object(request)
     try:
         return model.model_validate(body)
     except ValidationError as exc:
