@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,19 @@ class GSPConfig:
     vocab_size: int = 49152
     seed: int = 1
     shuffle: bool = True
+
+
+def gsp_from_args(args: Any, vocab_size: int, seed: int = 1) -> GSPConfig:
+    """GSPConfig from the `--gsp-*` flags both benchmarks take."""
+    return GSPConfig(
+        args.gsp_num_groups,
+        args.gsp_prompts_per_group,
+        args.gsp_system_prompt_len,
+        args.gsp_question_len,
+        args.gsp_output_len,
+        vocab_size,
+        seed,
+    )
 
 
 def _tokens(rng: random.Random, n: int, vocab: int) -> list[int]:

@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from radixserve.bench.datasets import GSPConfig, generated_shared_prefix
+from radixserve.bench.datasets import generated_shared_prefix, gsp_from_args
 from radixserve.bench.report import print_table, write_json
 
 MODES: dict[str, dict[str, bool]] = {
@@ -92,14 +92,7 @@ def run_offline(args: argparse.Namespace) -> int:
     base = Engine(
         model_path=args.model_path, dtype=args.dtype, max_total_tokens=args.max_total_tokens
     )
-    gsp = GSPConfig(
-        args.gsp_num_groups,
-        args.gsp_prompts_per_group,
-        args.gsp_system_prompt_len,
-        args.gsp_question_len,
-        args.gsp_output_len,
-        base.model_config.vocab_size,
-    )
+    gsp = gsp_from_args(args, base.model_config.vocab_size)
     reqs = generated_shared_prefix(gsp)
     rows = []
     for mode in modes:

@@ -22,8 +22,8 @@ import httpx
 
 from radixserve.bench.datasets import (
     BenchRequest,
-    GSPConfig,
     generated_shared_prefix,
+    gsp_from_args,
     random_requests,
 )
 from radixserve.bench.report import print_table, write_json
@@ -77,15 +77,7 @@ def build_requests(args: argparse.Namespace) -> list[BenchRequest]:
             args.vocab_size,
             args.seed,
         )
-    gsp = GSPConfig(
-        args.gsp_num_groups,
-        args.gsp_prompts_per_group,
-        args.gsp_system_prompt_len,
-        args.gsp_question_len,
-        args.gsp_output_len,
-        args.vocab_size,
-        args.seed,
-    )
+    gsp = gsp_from_args(args, args.vocab_size, args.seed)
     return generated_shared_prefix(gsp)
 
 
