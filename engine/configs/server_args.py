@@ -38,6 +38,11 @@ class ServerArgs:
     disable_overlap_schedule: bool = False
     enable_kv_events: bool = False  # record radix-tree events (the server publishes them)
     attention_backend: str = "torch"
+    # parallelism: accepted so deployments can state them; only 1 runs in this build
+    tp_size: int = 1
+    dp_size: int = 1
+    ep_size: int = 1
+    enable_dp_attention: bool = False
     # serving
     host: str = "127.0.0.1"
     port: int = 30000
@@ -89,11 +94,35 @@ class ServerArgs:
             "radix_eviction_policy",
             f"must be one of {EVICTION_POLICIES}, got {self.radix_eviction_policy!r}",
         )
+        self._check_parallelism()
         chunk = self.chunked_prefill_size
         _check(
             chunk is None or chunk == -1 or chunk >= self.page_size,
             "chunked_prefill_size",
             f"must be -1 (off) or ≥ page_size, got {chunk}",
+        )
+
+    def _check_parallelism(self) -> None:
+        for name in ("tp_size", "dp_size", "ep_size"):
+            value = getattr(self, name)
+            _check(value >= 1, name, f"must be ≥ 1, got {value}")
+        if self.enable_dp_attention:
+            _check(
+                self.tp_size % self.dp_size == 0,
+                "dp_size",
+                f"must divide tp_size ({self.tp_size}) with --enable-dp-attention",
+            )
+        _check(
+            self.ep_size <= self.tp_size * self.dp_size,
+            "ep_size",
+            f"must be ≤ tp_size × dp_size, got {self.ep_size}",
+        )
+        parallel = (self.tp_size, self.dp_size, self.ep_size, self.enable_dp_attention)
+        _check(
+            parallel == (1, 1, 1, False),
+            "tp_size",
+            "tensor, data and expert parallelism are not implemented in this build yet "
+            f"(tp={self.tp_size}, dp={self.dp_size}, ep={self.ep_size})",
         )
 
     @property

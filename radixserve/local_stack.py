@@ -1,0 +1,152 @@
+"""`radixserve up`: a whole local stack, N engine replicas + the router, on one machine.
+
+Each replica is a `radixserve serve` child (one CPU thread each unless told otherwise, so N
+replicas share the cores instead of fighting over them) with KV events on; the router runs in
+this process and finds the replicas through the static list. Ctrl-C stops the router, then
+the replicas (SIGINT, SIGKILL after a grace period); a replica that dies at start-up stops
+everything with its log's tail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+STARTUP_TIMEOUT_S = 600
+STOP_GRACE_S = 10
+
+
+@dataclass(frozen=True)
+class Replica:
+    index: int
+    port: int
+    kv_events_port: int
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, n: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-n:]
+
+
+def add_up_parser(sub: Any) -> None:
+    p = sub.add_parser("up", help="run N engine replicas and the router locally")
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--model-path", default="smollm2-135m")
+    p.add_argument("--host", default="127.0.0.1", help="router address")
+    p.add_argument("--port", type=int, default=8000, help="router port")
+    p.add_argument("--engine-base-port", type=int, default=30000)
+    p.add_argument("--kv-events-base-port", type=int, default=5557)
+    p.add_argument("--threads-per-replica", type=int, default=1)
+    p.add_argument("--policy", default="cache_aware")
+    p.add_argument("--engine-args", default="", help='extra `serve` flags, e.g. "--page-size 16"')
+    p.add_argument("--router-args", default="", help="extra `router` flags")
+    p.add_argument("--log-dir", default="/tmp/radixserve-up")
+    p.set_defaults(handler=run_up)
+
+
+def _console_script() -> str:
+    # Not `python -m`: run from a repo checkout, the top-level operator/ folder would shadow
+    # the standard library's `operator`.
+    return str(Path(sys.executable).with_name("radixserve"))
+
+
+def start_replica(args: argparse.Namespace, index: int) -> Replica:
+    port = args.engine_base_port + index
+    kv_port = args.kv_events_base_port + 2 * index  # +1 is the replay port
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"engine-{index}.log"
+    cmd = [
+        _console_script(), "serve", "--model-path", args.model_path,
+        "--host", "127.0.0.1", "--port", str(port), "--kv-events-port", str(kv_port),
+        *shlex.split(args.engine_args),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads_per_replica)}
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    return Replica(index, port, kv_port, proc, log_path)
+
+
+def wait_ready(replicas: list[Replica]) -> None:
+    """Poll /health of each replica; print progress; raise on a dead one or a timeout."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    pending = list(replicas)
+    while pending:
+        for r in list(pending):
+            if r.proc.poll() is not None:
+                raise RuntimeError(f"engine {r.index} exited during start-up:\n{r.log_tail()}")
+            try:
+                if httpx.get(r.url + "/health", timeout=2).status_code == 200:
+                    pending.remove(r)
+                    print(f"  engine {r.index} ready on {r.url} ({len(replicas) - len(pending)}"
+                          f"/{len(replicas)})", flush=True)  # fmt: skip
+            except httpx.HTTPError:
+                pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"engines not ready after {STARTUP_TIMEOUT_S}s")
+        if pending:
+            time.sleep(1)
+
+
+def stop_replicas(replicas: list[Replica]) -> None:
+    for r in replicas:
+        if r.proc.poll() is None:
+            r.proc.send_signal(signal.SIGINT)
+    for r in replicas:
+        try:
+            r.proc.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            r.proc.kill()
+            r.proc.wait(5)
+
+
+def _banner(args: argparse.Namespace) -> str:
+    base = f"http://{args.host}:{args.port}"
+    return (
+        f"router ({args.policy}) on {base} in front of {args.replicas} replicas; Ctrl-C stops all\n"
+        f"  curl {base}/v1/chat/completions -H 'Content-Type: application/json' "
+        f'-d \'{{"model": "{args.model_path}", "messages": [{{"role": "user", '
+        f'"content": "Hello!"}}]}}\'\n'
+        f"  metrics: {base}/metrics"
+    )
+
+
+def run_up(args: argparse.Namespace) -> int:
+    if args.replicas < 1:
+        raise ValueError(f"replicas: must be ≥ 1, got {args.replicas}")
+    from radixserve.router_cli import add_router_parser
+
+    print(f"starting {args.replicas} engine replicas (logs in {args.log_dir})", flush=True)
+    replicas = [start_replica(args, i) for i in range(args.replicas)]
+    try:
+        wait_ready(replicas)
+        parser = argparse.ArgumentParser(prog="radixserve up")
+        add_router_parser(parser.add_subparsers())
+        urls = [r.url for r in replicas]
+        router_argv = [
+            "router", "--host", args.host, "--port", str(args.port), "--policy", args.policy,
+            "--worker-urls", *urls, *shlex.split(args.router_args),
+        ]  # fmt: skip
+        router_args = parser.parse_args(router_argv)
+        router_args.log_level = args.log_level
+        print(_banner(args), flush=True)
+        return int(router_args.handler(router_args))
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        print("stopping engine replicas", flush=True)
+        stop_replicas(replicas)

@@ -1,0 +1,121 @@
+"""The router's FastAPI app: proxied inference routes, health, metrics.
+
+`/v1/completions`, `/v1/chat/completions` and `/generate` are tokenized exactly as the engine
+will (for the prefix match) and forwarded; the engine stays the judge of the request's
+content, so a body the router cannot tokenize is still forwarded and the engine answers it.
+The router itself only rejects what it cannot forward at all (a body that is not a JSON
+object).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from radixserve.router.admin import install_admin_routes
+from radixserve.router.config import RouterConfig
+from radixserve.router.proxy import NO_WORKER_RETRY_AFTER_S, error_response
+from radixserve.router.state import RouterState
+
+PROXIED_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")
+
+
+def st(request: Request) -> RouterState:
+    return request.app.state.router
+
+
+async def read_body(request: Request) -> dict[str, Any] | Response:
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return error_response(f"body: malformed JSON ({exc})", 400)
+    if not isinstance(body, dict):
+        return error_response("body: expected a JSON object", 400)
+    return body
+
+
+async def routing_tokens(state: RouterState, route: str, body: dict[str, Any]) -> list[int] | None:
+    tokenizer = await state.tokenizers.get(state.registry)
+    if tokenizer is None:
+        return None
+    start = time.perf_counter()
+    try:
+        tokens = tokenizer.routing_tokens(route, body)
+    except ValueError:
+        return None  # e.g. a chat template error: the engine will answer it with a 400
+    state.metrics.tokenize.observe(time.perf_counter() - start)
+    return tokens
+
+
+def install_inference_routes(app: FastAPI) -> None:
+    async def proxied(request: Request) -> Response:
+        body = await read_body(request)
+        if isinstance(body, Response):
+            return body
+        state = st(request)
+        route = request.url.path
+        tokens = await routing_tokens(state, route, body)
+        return await state.proxy.forward(route, body, tokens, request.headers)
+
+    for route in PROXIED_ROUTES:
+        app.add_api_route(route, proxied, methods=["POST"])
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        state = st(request)
+        names = sorted({w.model_name for w in state.registry.available() if w.model_name})
+        if not names:
+            return _no_worker()
+        data = [{"id": n, "object": "model", "owned_by": "radixserve"} for n in names]
+        return JSONResponse({"object": "list", "data": data})
+
+
+def install_health_routes(app: FastAPI) -> None:
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}  # liveness: the router process answers
+
+    @app.get("/readiness")
+    async def readiness(request: Request) -> Response:
+        healthy = len(st(request).registry.available())
+        if not healthy:
+            return _no_worker()
+        return JSONResponse({"status": "ready", "healthy_workers": healthy})
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(st(request).metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+def _no_worker() -> Response:
+    return error_response(
+        "no healthy engine replica is available",
+        503,
+        {"Retry-After": str(NO_WORKER_RETRY_AFTER_S)},
+    )
+
+
+def create_app(config: RouterConfig) -> FastAPI:
+    state = RouterState.build(config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await state.start()
+        try:
+            yield
+        finally:
+            await state.stop()
+
+    app = FastAPI(title="radixserve router", lifespan=lifespan)
+    app.state.router = state
+    install_inference_routes(app)
+    install_health_routes(app)
+    install_admin_routes(app)
+    return app

@@ -1,0 +1,115 @@
+"""RouterConfig: every knob of the router in one frozen object, and its command-line flags.
+
+Defaults follow sgl-router's command line (what its users get), so a user who knows
+`--cache-threshold 0.3 --balance-abs-threshold 64 --balance-rel-threshold 1.5` finds them here.
+Flags are derived from the fields, so the two never drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+POLICIES = ("cache_aware", "cost", "round_robin", "random", "power_of_two", "least_load")
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    worker_urls: tuple[str, ...] = ()
+    policy: str = "cache_aware"
+    # cache_aware: route to the longest cached prefix unless the load is imbalanced
+    cache_threshold: float = 0.3
+    balance_abs_threshold: int = 64
+    balance_rel_threshold: float = 1.5
+    # cost: uncached prompt tokens + cost_queue_weight × tokens queued on the target
+    cost_queue_weight: float = 1.0
+    # header whose value pins a session to one target (sticky sessions); None: off
+    session_header: str | None = None
+    # approximate trees (targets without KV events): per-target token budget, LRU-trimmed
+    approx_max_tokens: int = 1 << 22
+    # health checks and circuit breaker
+    health_check_interval_s: float = 5.0
+    health_check_timeout_s: float = 5.0
+    health_failure_threshold: int = 3
+    health_success_threshold: int = 2
+    load_check_interval_s: float = 2.0
+    cb_failure_threshold: int = 10
+    cb_success_threshold: int = 3
+    cb_timeout_s: float = 30.0
+    disable_circuit_breaker: bool = False
+    # retries (only before the first byte reached the client)
+    retry_max_attempts: int = 3
+    retry_initial_backoff_s: float = 0.05
+    retry_max_backoff_s: float = 2.0
+    connect_timeout_s: float = 5.0
+    request_timeout_s: float = 1800.0
+    # worker admin API (GET/POST/DELETE /workers); None: the admin API is closed
+    admin_key: str | None = None
+    worker_api_key: str | None = None
+    # Kubernetes discovery: EndpointSlices of a Service, ports by name
+    k8s_service: str | None = None
+    k8s_namespace: str | None = None
+    k8s_http_port_name: str = "http"
+    k8s_kv_events_port_name: str = "kv-events"
+    # tokenizer: fetched from a worker's /get_tokenizer unless a local tokenizer.json is given
+    tokenizer_path: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy: expected one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if not 0.0 <= self.cache_threshold <= 1.0:
+            raise ValueError(f"cache_threshold: must be in [0, 1], got {self.cache_threshold}")
+        if self.balance_rel_threshold < 1.0:
+            raise ValueError(
+                f"balance_rel_threshold: must be ≥ 1, got {self.balance_rel_threshold}"
+            )
+        if self.retry_max_attempts < 1:
+            raise ValueError(f"retry_max_attempts: must be ≥ 1, got {self.retry_max_attempts}")
+        if self.k8s_service and self.worker_urls:
+            raise ValueError("worker_urls: pass either --worker-urls or --k8s-service, not both")
+
+
+_HELP = {
+    "worker_urls": "engine replicas, e.g. http://127.0.0.1:30000 (repeatable / space-separated)",
+    "policy": "routing policy",
+    "session_header": "request header that pins a session to one replica (sticky sessions)",
+    "admin_key": "bearer key that opens GET/POST/DELETE /workers",
+    "worker_api_key": "bearer key the router sends to the engines",
+    "k8s_service": "discover engines from the EndpointSlices of this Service",
+    "tokenizer_path": "local tokenizer.json (default: fetched from a replica)",
+}
+
+
+def add_router_args(parser: argparse.ArgumentParser) -> None:
+    for f in dataclasses.fields(RouterConfig):
+        if f.name == "extra":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        help_text = _HELP.get(f.name)
+        if f.type == "bool":
+            parser.add_argument(flag, action="store_true", help=help_text)
+        elif f.name == "worker_urls":
+            parser.add_argument(flag, nargs="*", default=[], help=help_text)
+        elif f.name == "policy":
+            parser.add_argument(flag, default=f.default, choices=POLICIES, help=help_text)
+        else:
+            kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
+            parser.add_argument(flag, type=kind, default=f.default, help=help_text)
+
+
+def config_from_namespace(ns: argparse.Namespace) -> RouterConfig:
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(RouterConfig):
+        if f.name == "extra" or not hasattr(ns, f.name):
+            continue
+        values[f.name] = getattr(ns, f.name)
+    urls: list[str] = []
+    for item in values.get("worker_urls", ()):  # accept "a,b" as well as "a b"
+        urls.extend(u for u in item.replace(",", " ").split() if u)
+    values["worker_urls"] = tuple(u.rstrip("/") for u in urls)
+    return RouterConfig(**values)

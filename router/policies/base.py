@@ -1,0 +1,40 @@
+"""The policy contract: choose one target for a request from the available ones.
+
+A policy sees plain views (no sockets, no locks), so each one is a small pure function of
+the request's cached-prefix lengths and the targets' loads, unit-testable without a server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from radixserve.router.targets import TargetKey
+
+
+@dataclass(frozen=True)
+class TargetView:
+    key: TargetKey
+    load: int  # in-flight requests (ours now + others' at the last engine report)
+    queued_tokens: int  # uncached prompt tokens of our in-flight requests there
+    cached_tokens: int = 0  # this request's cached prefix on the target, in tokens
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    num_tokens: int  # prompt length in tokens (0 when the router could not tokenize it)
+
+
+class Policy(Protocol):
+    name: str
+    uses_cache: bool  # whether cached_tokens must be computed for the views
+
+    def select(self, request: RouteRequest, targets: Sequence[TargetView]) -> TargetView:
+        """`targets` is never empty."""
+        ...
+
+
+def least_loaded(targets: Sequence[TargetView]) -> TargetView:
+    """Smallest load; ties → fewer queued tokens, then the first (a stable order)."""
+    return min(targets, key=lambda t: (t.load, t.queued_tokens))

@@ -1,0 +1,186 @@
+"""Forwarding one request to an engine: retries before the first byte, pass-through after.
+
+- Each attempt takes a lease from the selector (which excludes workers already tried) and
+  sends the client's JSON body, plus `data_parallel_rank` for a DP replica.
+- Before anything reached the client, a transport error or a retryable status (408, 429,
+  5xx) is retried on another worker with exponential backoff and jitter. A refused
+  connection also marks the worker unhealthy at once (a dead replica gets no new requests).
+- A non-streaming answer is read whole before the client sees a byte, so it can still be
+  retried when the worker dies mid-body.
+- A stream is forwarded chunk by chunk as the engine writes it (no buffering). If the worker
+  dies after the first byte, the client gets one SSE error event and `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from radixserve.router.config import RouterConfig
+from radixserve.router.metrics import RouterMetrics
+from radixserve.router.selector import Lease, Selector
+from radixserve.router.workers import WorkerRegistry
+
+logger = logging.getLogger(__name__)
+
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+FORWARDED_HEADERS = ("authorization", "x-request-id", "traceparent")
+NO_WORKER_RETRY_AFTER_S = 5
+
+
+def error_response(message: str, status: int, headers: Mapping[str, str] | None = None) -> Response:
+    """An error in OpenAI's shape, so SDK clients surface the message."""
+    kind = "invalid_request_error" if status < 500 else "service_unavailable"
+    body = {"error": {"message": message, "type": kind, "code": status}}
+    return JSONResponse(body, status_code=status, headers=dict(headers or {}))
+
+
+def sse_error(message: str) -> bytes:
+    event = {"error": {"message": message, "type": "upstream_error", "code": 502}}
+    return f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode()
+
+
+class Proxy:
+    def __init__(
+        self,
+        config: RouterConfig,
+        client: httpx.AsyncClient,
+        selector: Selector,
+        registry: WorkerRegistry,
+        metrics: RouterMetrics,
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.selector = selector
+        self.registry = registry
+        self.metrics = metrics
+        self.timeout = httpx.Timeout(config.request_timeout_s, connect=config.connect_timeout_s)
+
+    async def forward(
+        self,
+        route: str,
+        body: dict[str, Any],
+        tokens: list[int] | None,
+        headers: Mapping[str, str],
+    ) -> Response:
+        session = headers.get(self.config.session_header) if self.config.session_header else None
+        tried: set[str] = set()
+        last: Response | None = None
+        for attempt in range(self.config.retry_max_attempts):
+            if attempt:
+                self.metrics.retries.inc()
+                await asyncio.sleep(self._backoff(attempt))
+            lease = self.selector.choose(tokens, session, exclude=tried)
+            if lease is None:
+                break
+            self._count_decision(lease)
+            tried.add(lease.worker.url)
+            result = await self._attempt(lease, route, body, headers)
+            if result is not None and not self._retryable(result):
+                return result
+            last = result or last
+        if last is not None:
+            return last
+        return error_response(
+            "no healthy engine replica is available",
+            503,
+            {"Retry-After": str(NO_WORKER_RETRY_AFTER_S)},
+        )
+
+    def _retryable(self, resp: Response) -> bool:
+        return resp.status_code in RETRYABLE_STATUS and not isinstance(resp, StreamingResponse)
+
+    def _backoff(self, attempt: int) -> float:
+        c = self.config
+        delay = min(c.retry_initial_backoff_s * 1.5 ** (attempt - 1), c.retry_max_backoff_s)
+        return delay * random.uniform(0.8, 1.2)
+
+    def _count_decision(self, lease: Lease) -> None:
+        self.metrics.decision.observe(lease.decision_s)
+        self.metrics.prompt_tokens.labels(lease.worker.url).inc(lease.num_tokens)
+        self.metrics.cached_tokens.labels(lease.worker.url).inc(lease.cached_tokens)
+
+    async def _attempt(
+        self, lease: Lease, route: str, body: dict[str, Any], headers: Mapping[str, str]
+    ) -> Response | None:
+        """One try; None on a transport error before any answer (the lease is released)."""
+        worker = lease.worker
+        request = self.client.build_request(
+            "POST",
+            worker.url + route,
+            json=self._body_for(lease, body),
+            headers=self._headers_for(lease, headers),
+            timeout=self.timeout,
+        )
+        try:
+            upstream = await self.client.send(request, stream=True)
+        except httpx.TransportError as exc:
+            await self._failed(lease, route, exc)
+            return None
+        worker.breaker.record(upstream.status_code < 500)
+        if bool(body.get("stream")) and upstream.status_code == 200:
+            return self._stream(lease, route, upstream)
+        try:
+            content = await upstream.aread()
+        except httpx.TransportError as exc:
+            await self._failed(lease, route, exc)
+            return None
+        finally:
+            await upstream.aclose()
+            lease.release()
+        self.metrics.requests.labels(worker.url, route, str(upstream.status_code)).inc()
+        media = upstream.headers.get("content-type", "application/json")
+        return Response(content, status_code=upstream.status_code, media_type=media)
+
+    async def _failed(self, lease: Lease, route: str, exc: httpx.TransportError) -> None:
+        lease.release()
+        worker = lease.worker
+        worker.breaker.record(False)
+        self.metrics.requests.labels(worker.url, route, "transport_error").inc()
+        logger.info("upstream failed url=%s error=%r", worker.url, exc)
+        if isinstance(exc, httpx.ConnectError):  # nothing listens: unambiguous, act now
+            await self.registry.mark_unhealthy(worker, f"request failed: {type(exc).__name__}")
+        else:
+            self._recheck(lease)
+
+    def _stream(self, lease: Lease, route: str, upstream: httpx.Response) -> StreamingResponse:
+        async def chunks() -> AsyncIterator[bytes]:
+            outcome = "200"
+            try:
+                async for chunk in upstream.aiter_raw():
+                    yield chunk
+            except httpx.TransportError as exc:
+                outcome = "stream_error"
+                lease.worker.breaker.record(False)
+                logger.info("stream broke url=%s error=%r", lease.worker.url, exc)
+                yield sse_error(f"engine replica {lease.worker.url} failed mid-stream: {exc}")
+                self._recheck(lease)
+            finally:
+                await upstream.aclose()
+                lease.release()
+                self.metrics.requests.labels(lease.worker.url, route, outcome).inc()
+
+        media = upstream.headers.get("content-type", "text/event-stream")
+        return StreamingResponse(chunks(), status_code=upstream.status_code, media_type=media)
+
+    def _recheck(self, lease: Lease) -> None:
+        """A broken stream may mean a dead replica: check now rather than at the next tick."""
+        task = asyncio.get_running_loop().create_task(self.registry.check(lease.worker))
+        task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+
+    def _body_for(self, lease: Lease, body: dict[str, Any]) -> dict[str, Any]:
+        if lease.worker.dp_size > 1:
+            return {**body, "data_parallel_rank": lease.dp_rank}
+        return body
+
+    def _headers_for(self, lease: Lease, headers: Mapping[str, str]) -> dict[str, str]:
+        out = {k: v for k, v in headers.items() if k.lower() in FORWARDED_HEADERS}
+        out.update(lease.worker.headers())  # the worker's own key wins over the client's
+        return out

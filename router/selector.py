@@ -1,0 +1,101 @@
+"""One routing decision: available targets → views (load, cached prefix) → policy → a lease.
+
+A `Lease` is the in-flight accounting of one attempt: taking it bumps the target's load and
+queued tokens, releasing it (exactly once, in a `finally`) gives them back. Sticky sessions
+sit in front of the policy: a session keeps its target while that target is available.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+from radixserve.router.mirror.index import CacheIndex
+from radixserve.router.policies import Policy, RouteRequest, TargetView
+from radixserve.router.targets import TargetKey
+from radixserve.router.workers import Worker, WorkerRegistry
+
+MAX_SESSIONS = 100_000  # sticky-session table size; least recently used sessions go first
+
+
+@dataclass
+class Lease:
+    worker: Worker
+    dp_rank: int
+    num_tokens: int
+    cached_tokens: int
+    decision_s: float
+    released: bool = field(default=False)
+
+    @property
+    def uncached(self) -> int:
+        return max(0, self.num_tokens - self.cached_tokens)
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        load = self.worker.load_of(self.dp_rank)
+        load.in_flight -= 1
+        load.in_flight_tokens -= self.uncached
+
+
+class Selector:
+    def __init__(self, registry: WorkerRegistry, index: CacheIndex, policy: Policy) -> None:
+        self.registry = registry
+        self.index = index
+        self.policy = policy
+        self.sessions: OrderedDict[str, TargetKey] = OrderedDict()
+
+    def views(self, tokens: Sequence[int] | None, exclude: Collection[str]) -> list[TargetView]:
+        keys = [
+            key for w in self.registry.available() if w.url not in exclude for key in w.targets()
+        ]
+        cached = self.index.match(tokens, keys) if tokens and self.policy.uses_cache else {}
+        out = []
+        for url, rank in keys:
+            load = self.registry.workers[url].load_of(rank)
+            hit = cached.get((url, rank), 0)
+            out.append(TargetView((url, rank), load.load, load.in_flight_tokens, hit))
+        return out
+
+    def choose(
+        self,
+        tokens: Sequence[int] | None,
+        session: str | None = None,
+        exclude: Collection[str] = (),
+    ) -> Lease | None:
+        """Pick a target and take a lease on it; None when no target is available."""
+        start = time.perf_counter()
+        views = self.views(tokens, exclude)
+        if not views:
+            return None
+        view = self._sticky(session, views) or self.policy.select(
+            RouteRequest(len(tokens or ())), views
+        )
+        if session is not None:
+            self.sessions[session] = view.key
+            self.sessions.move_to_end(session)
+            if len(self.sessions) > MAX_SESSIONS:
+                self.sessions.popitem(last=False)
+        if tokens:
+            self.index.on_routed(view.key, tokens)
+        lease = Lease(
+            self.registry.workers[view.key[0]],
+            view.key[1],
+            len(tokens or ()),
+            view.cached_tokens,
+            time.perf_counter() - start,
+        )
+        load = lease.worker.load_of(lease.dp_rank)
+        load.in_flight += 1
+        load.in_flight_tokens += lease.uncached
+        return lease
+
+    def _sticky(self, session: str | None, views: list[TargetView]) -> TargetView | None:
+        if session is None or session not in self.sessions:
+            return None
+        key = self.sessions[session]
+        return next((v for v in views if v.key == key), None)
