@@ -1,0 +1,153 @@
+"""Routing policies as pure functions of (cached prefix, load) views."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from radixserve.router.circuit_breaker import BreakerState, CircuitBreaker
+from radixserve.router.config import RouterConfig
+from radixserve.router.policies import RouteRequest, TargetView, make_policy
+from radixserve.router.policies.cache_aware import CacheAwarePolicy
+from radixserve.router.policies.cost import CostPolicy
+from radixserve.router.policies.simple import PowerOfTwoPolicy, RoundRobinPolicy
+
+
+def view(name: str, load: int = 0, cached: int = 0, queued: int = 0, rank: int = 0) -> TargetView:
+    return TargetView((f"http://{name}", rank), load, queued, cached)
+
+
+def test_cache_aware_defaults_are_sglangs_cli_defaults() -> None:
+    policy = make_policy(RouterConfig())
+    assert isinstance(policy, CacheAwarePolicy)
+    assert (policy.cache_threshold, policy.balance_abs_threshold, policy.balance_rel_threshold) == (
+        0.3,
+        64,
+        1.5,
+    )
+
+
+def test_cache_aware_prefers_the_longest_prefix_above_threshold() -> None:
+    p = CacheAwarePolicy()
+    targets = [view("a", load=3, cached=100), view("b", load=0, cached=400), view("c", load=1)]
+    assert p.select(RouteRequest(1000), targets).key[0] == "http://b"
+
+
+def test_cache_aware_below_threshold_goes_to_least_loaded() -> None:
+    p = CacheAwarePolicy()
+    # 300 / 1000 is not > 0.3: a miss goes where the queue is shortest
+    targets = [view("a", load=5, cached=300), view("b", load=2), view("c", load=4)]
+    assert p.select(RouteRequest(1000), targets).key[0] == "http://b"
+    targets[0] = view("a", load=5, cached=301)
+    assert p.select(RouteRequest(1000), targets).key[0] == "http://a"
+
+
+def test_cache_aware_imbalance_overrides_the_cache() -> None:
+    p = CacheAwarePolicy()
+    # max − min = 70 > 64 and 80 > 10 × 1.5: imbalanced, least loaded wins despite no cache
+    targets = [view("a", load=80, cached=1000), view("b", load=10)]
+    assert p.select(RouteRequest(1000), targets).key[0] == "http://b"
+    # only the absolute gap is large; the relative one is not (100 ≤ 70 × 1.5): cache wins
+    targets = [view("a", load=100, cached=1000), view("b", load=70)]
+    assert p.select(RouteRequest(1000), targets).key[0] == "http://a"
+    # only the relative gap is large (10 > 1 × 1.5) but the absolute one is 9: cache wins
+    targets = [view("a", load=10, cached=1000), view("b", load=1)]
+    assert p.select(RouteRequest(1000), targets).key[0] == "http://a"
+
+
+def test_cache_aware_ties_in_cache_go_to_lower_load() -> None:
+    p = CacheAwarePolicy()
+    targets = [view("a", load=4, cached=500), view("b", load=1, cached=500)]
+    assert p.select(RouteRequest(600), targets).key[0] == "http://b"
+
+
+def test_cache_aware_without_tokens_is_least_load() -> None:
+    p = CacheAwarePolicy()
+    assert p.select(RouteRequest(0), [view("a", load=2), view("b", load=1)]).key[0] == "http://b"
+
+
+def test_cost_trades_cache_against_queue_in_tokens() -> None:
+    p = CostPolicy(queue_weight=1.0)
+    # a: 1000 − 900 = 100 uncached + 500 queued = 600; b: 1000 uncached + 0 = 1000
+    targets = [view("a", cached=900, queued=500), view("b")]
+    assert p.select(RouteRequest(1000), targets).key[0] == "http://a"
+    # a's queue grows to 1000 tokens: 1100 > 1000, the empty replica wins
+    targets = [view("a", cached=900, queued=1000), view("b")]
+    assert p.select(RouteRequest(1000), targets).key[0] == "http://b"
+    # a larger weight makes queues dearer
+    assert CostPolicy(queue_weight=3.0).cost(RouteRequest(1000), view("a", 0, 900, 500)) == 1600
+
+
+def test_round_robin_cycles() -> None:
+    p = RoundRobinPolicy()
+    targets = [view("a"), view("b"), view("c")]
+    picked = [p.select(RouteRequest(10), targets).key[0][-1] for _ in range(6)]
+    assert picked == list("abcabc")
+
+
+def test_power_of_two_never_picks_the_most_loaded_of_three() -> None:
+    p = PowerOfTwoPolicy(rng=random.Random(0))
+    targets = [view("a", load=9), view("b", load=1), view("c", load=5)]
+    picks = {p.select(RouteRequest(10), targets).key[0] for _ in range(200)}
+    assert "http://a" not in picks
+    assert picks == {"http://b", "http://c"}
+
+
+@pytest.mark.parametrize("name", ["round_robin", "random", "power_of_two", "least_load", "cost"])
+def test_every_policy_handles_a_single_target(name: str) -> None:
+    policy = make_policy(RouterConfig(policy=name))
+    only = view("only", load=100)
+    assert policy.select(RouteRequest(5), [only]) is only
+
+
+def test_least_load_picks_the_smallest_load_then_fewest_queued_tokens() -> None:
+    policy = make_policy(RouterConfig(policy="least_load"))
+    targets = [view("a", load=2, queued=10), view("b", load=2, queued=5), view("c", load=3)]
+    assert policy.select(RouteRequest(5), targets).key[0] == "http://b"
+
+
+def test_config_rejects_bad_values_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="^policy:"):
+        RouterConfig(policy="nope")
+    with pytest.raises(ValueError, match="^cache_threshold:"):
+        RouterConfig(cache_threshold=1.5)
+    with pytest.raises(ValueError, match="^balance_rel_threshold:"):
+        RouterConfig(balance_rel_threshold=0.5)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_circuit_breaker_opens_half_opens_and_closes() -> None:
+    clock = FakeClock()
+    cb = CircuitBreaker(failure_threshold=3, success_threshold=2, timeout_s=10, clock=clock)
+    for _ in range(2):
+        cb.record(False)
+    assert cb.allows()
+    cb.record(True)  # a success resets the consecutive-failure count
+    for _ in range(3):
+        cb.record(False)
+    assert cb.state is BreakerState.OPEN and not cb.allows()
+    clock.now = 9.9
+    assert not cb.allows()
+    clock.now = 10.0
+    assert cb.state is BreakerState.HALF_OPEN and cb.allows()
+    cb.record(False)  # a failure while half-open opens again at once
+    assert cb.state is BreakerState.OPEN
+    clock.now = 20.0
+    cb.record(True)
+    assert cb.state is BreakerState.HALF_OPEN
+    cb.record(True)
+    assert cb.state is BreakerState.CLOSED
+
+
+def test_disabled_breaker_always_allows() -> None:
+    cb = CircuitBreaker(failure_threshold=1, enabled=False)
+    cb.record(False)
+    assert cb.allows()
