@@ -14,6 +14,7 @@ treats a missing condition the same way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -38,6 +39,8 @@ SERVICE_LABEL = "kubernetes.io/service-name"
 KV_REPLAY_PORT_NAME = "kv-replay"
 NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 WATCH_TIMEOUT_S = 300  # the server ends each watch after this; we resume from the last version
+CONNECT_TIMEOUT_S = 10
+LIST_TIMEOUT_S = 60
 INITIAL_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 30.0
 
@@ -126,7 +129,8 @@ async def sync_registry(registry: WorkerRegistry, desired: Mapping[str, DesiredW
             continue
         want = desired.get(url)
         if want is None or want.kv_override != worker.kv_override:
-            await registry.remove(url)
+            with contextlib.suppress(KeyError):  # already removed meanwhile (admin API)
+                await registry.remove(url)
     for url, want in desired.items():
         if url in registry.workers:
             continue
@@ -187,7 +191,10 @@ class _SliceWatcher:
     async def _list_and_watch(self, api: client.DiscoveryV1Api) -> None:
         selector = f"{SERVICE_LABEL}={self.service}"
         resp = await api.list_namespaced_endpoint_slice(
-            self.namespace, label_selector=selector, _preload_content=False
+            self.namespace,
+            label_selector=selector,
+            _preload_content=False,
+            _request_timeout=(CONNECT_TIMEOUT_S, LIST_TIMEOUT_S),
         )
         async with resp:
             if resp.status != 200:
@@ -200,7 +207,7 @@ class _SliceWatcher:
         self.backoff = INITIAL_BACKOFF_S
         version = (body.get("metadata") or {}).get("resourceVersion")
         while True:  # each pass ends at the server's timeout; resume where it stopped
-            stream = watch.Watch()
+            stream = watch.Watch(return_type="object")  # plain dicts: we read raw_object only
             async with stream:
                 kwargs: dict[str, Any] = {"resource_version": version} if version else {}
                 async for event in stream.stream(
@@ -209,6 +216,8 @@ class _SliceWatcher:
                     label_selector=selector,
                     timeout_seconds=WATCH_TIMEOUT_S,
                     allow_watch_bookmarks=True,
+                    # A silent connection (a dead node, a lost NAT entry) must not hang here.
+                    _request_timeout=(CONNECT_TIMEOUT_S, WATCH_TIMEOUT_S + 30),
                     **kwargs,
                 ):
                     await self._apply(event["type"], event["raw_object"])
