@@ -27,9 +27,11 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
-# One replica on 127.0.0.1:30000 (the router and `radixserve up` come with the router issue).
+# The local stack: REPLICAS engine replicas (30000, 30001, …) behind the cache-aware router on
+# 127.0.0.1:8000. Ctrl-C stops them all.
+REPLICAS ?= 2
 run: install
-	$(VENV)/bin/radixserve serve --model-path smollm2-135m --host 127.0.0.1 --port 30000
+	$(VENV)/bin/radixserve up --replicas $(REPLICAS) --model-path smollm2-135m --port 8000
 
 demo: install
 	$(VENV)/bin/radixserve demo --model-path smollm2-135m

@@ -81,7 +81,7 @@ def start_replica(args: argparse.Namespace, index: int) -> Replica:
     return Replica(index, port, kv_port, proc, log_path)
 
 
-def wait_ready(replicas: list[Replica]) -> None:
+def wait_ready_replicas(replicas: list[Replica]) -> None:
     """Poll /health of each replica; print progress; raise on a dead one or a timeout."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     pending = list(replicas)
@@ -133,7 +133,7 @@ def run_up(args: argparse.Namespace) -> int:
     print(f"starting {args.replicas} engine replicas (logs in {args.log_dir})", flush=True)
     replicas = [start_replica(args, i) for i in range(args.replicas)]
     try:
-        wait_ready(replicas)
+        wait_ready_replicas(replicas)
         parser = argparse.ArgumentParser(prog="radixserve up")
         add_router_parser(parser.add_subparsers())
         urls = [r.url for r in replicas]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from radixserve.bench.offline import add_offline_parser
+from radixserve.bench.router import add_router_bench_parser
 from radixserve.bench.serving import add_serving_parser
 
 
@@ -13,3 +14,4 @@ def add_bench_parser(sub: Any) -> None:
     bench_sub = p.add_subparsers(dest="bench", required=True)
     add_offline_parser(bench_sub)
     add_serving_parser(bench_sub)
+    add_router_bench_parser(bench_sub)

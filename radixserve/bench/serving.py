@@ -81,7 +81,9 @@ def build_requests(args: argparse.Namespace) -> list[BenchRequest]:
     return generated_shared_prefix(gsp)
 
 
-async def send_one(client: httpx.AsyncClient, url: str, req: BenchRequest) -> RequestResult:
+async def send_one(
+    client: httpx.AsyncClient, url: str, req: BenchRequest, headers: dict[str, str] | None = None
+) -> RequestResult:
     body = {
         "input_ids": req.input_ids,
         "stream": True,
@@ -90,7 +92,7 @@ async def send_one(client: httpx.AsyncClient, url: str, req: BenchRequest) -> Re
     res = RequestResult(ok=False, prompt_tokens=len(req.input_ids))
     start = last = time.perf_counter()
     try:
-        async with client.stream("POST", url + "/generate", json=body) as r:
+        async with client.stream("POST", url + "/generate", json=body, headers=headers) as r:
             if r.status_code != 200:
                 res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
                 return res
