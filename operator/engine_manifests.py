@@ -1,0 +1,216 @@
+"""Engine children: the Deployment of engine pods and the headless Service the router watches.
+
+Pure functions of the parsed spec. Every engine flag the spec implies is derived here, so the
+pod's command line is the one place to read what an InferenceService runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixserve.operator.config import ENGINE_HTTP_PORT, KV_EVENTS_PORT
+from radixserve.operator.meta import ENGINE, Owner, engine_name, labels, object_meta, selector
+from radixserve.operator.schema import (
+    BuiltinSource,
+    EngineSpec,
+    HostPathSource,
+    HuggingFaceSource,
+    InferenceServiceSpec,
+    PvcSource,
+)
+
+MODELS_DIR = "/models"
+HF_HOME = "/cache/huggingface"
+GPU_RESOURCE = "nvidia.com/gpu"
+# Model loading (or a download) can take many minutes: the startup probe allows 30 of them
+# before liveness may restart the pod.
+STARTUP_PERIOD_S = 10
+STARTUP_FAILURES = 180
+
+
+def model_path(spec: InferenceServiceSpec) -> str:
+    """What the engine gets as --model-path for each kind of source."""
+    source = spec.model.source
+    if isinstance(source, BuiltinSource):
+        return source.alias
+    if isinstance(source, PvcSource):
+        return f"{MODELS_DIR}/{source.path}".rstrip("/")
+    if isinstance(source, HostPathSource):
+        return source.path  # mounted at the same path inside the pod
+    return source.repo
+
+
+def kv_event_ports(dp: int) -> list[tuple[str, int]]:
+    """(name, port) per DP rank r: events on 5557 + 2r, replay on the next port."""
+    ports: list[tuple[str, int]] = []
+    for rank in range(dp):
+        suffix = f"-{rank}" if rank else ""
+        ports.append((f"kv-events{suffix}", KV_EVENTS_PORT + 2 * rank))
+        ports.append((f"kv-replay{suffix}", KV_EVENTS_PORT + 2 * rank + 1))
+    return ports
+
+
+def engine_args(spec: InferenceServiceSpec) -> list[str]:
+    e = spec.engine
+    args = ["serve", "--model-path", model_path(spec), "--served-model-name", spec.model.name]
+    args += ["--host", "0.0.0.0", "--port", str(ENGINE_HTTP_PORT)]
+    args += ["--kv-events-port", str(KV_EVENTS_PORT)]
+    if e.device != "cpu":
+        args += ["--device", e.device]
+    optional = [
+        ("--page-size", e.kv_cache.page_size),
+        ("--mem-fraction-static", e.kv_cache.memory_fraction),
+        ("--max-total-tokens", e.kv_cache.max_total_tokens),
+        ("--schedule-policy", e.scheduler.policy),
+        ("--chunked-prefill-size", e.scheduler.chunked_prefill_size),
+        ("--max-running-requests", e.scheduler.max_running_requests),
+    ]
+    args += [part for flag, value in optional if value is not None for part in (flag, str(value))]
+    p = e.parallelism
+    for flag, value in (("--tp-size", p.tp), ("--dp-size", p.dp), ("--ep-size", p.ep)):
+        if value != 1:
+            args += [flag, str(value)]
+    if p.dp_attention:
+        args.append("--enable-dp-attention")
+    return args + list(e.extra_args)
+
+
+def _resources(e: EngineSpec) -> dict[str, Any]:
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if e.resources.cpu is not None:
+        requests["cpu"] = e.resources.cpu
+    if e.resources.memory is not None:
+        # Limit = request: the KV pool is sized from memory, so the pod must own all of it.
+        requests["memory"] = limits["memory"] = e.resources.memory
+    if e.gpus:
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(e.gpus)
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _volumes(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(pod volumes, container mounts). /dev/shm is memory-backed: the engine's processes
+    exchange tensors through it and a container's default 64 MiB is too small."""
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    source = spec.model.source
+    if isinstance(source, PvcSource):
+        claim = {"claimName": source.claim_name, "readOnly": True}
+        volumes.append({"name": "model", "persistentVolumeClaim": claim})
+        mounts.append({"name": "model", "mountPath": MODELS_DIR, "readOnly": True})
+    elif isinstance(source, HostPathSource):
+        volumes.append({"name": "model", "hostPath": {"path": source.path}})
+        mounts.append({"name": "model", "mountPath": source.path, "readOnly": True})
+    elif isinstance(source, HuggingFaceSource):
+        volumes.append({"name": "hf-cache", "emptyDir": {}})
+        mounts.append({"name": "hf-cache", "mountPath": HF_HOME})
+    return volumes, mounts
+
+
+def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    ours: list[dict[str, Any]] = []
+    source = spec.model.source
+    if isinstance(source, HuggingFaceSource):
+        ours.append({"name": "HF_HOME", "value": HF_HOME})
+        if source.revision:
+            ours.append({"name": "RADIXSERVE_MODEL_REVISION", "value": source.revision})
+    user = [dict(item) for item in spec.engine.env]
+    overridden = {item["name"] for item in user}
+    return [item for item in ours if item["name"] not in overridden] + user
+
+
+def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    }
+
+
+def engine_container(spec: InferenceServiceSpec, image: str) -> dict[str, Any]:
+    _, mounts = _volumes(spec)
+    ports = [{"name": "http", "containerPort": ENGINE_HTTP_PORT, "protocol": "TCP"}]
+    ports += [
+        {"name": name, "containerPort": port, "protocol": "TCP"}
+        for name, port in kv_event_ports(spec.engine.parallelism.dp)
+    ]
+    container: dict[str, Any] = {
+        "name": ENGINE,
+        "image": spec.engine.image or image,
+        "command": ["radixserve"],
+        "args": engine_args(spec),
+        "ports": ports,
+        "env": _env(spec),
+        "resources": _resources(spec.engine),
+        "startupProbe": _probe("/health", STARTUP_PERIOD_S, STARTUP_FAILURES),
+        "readinessProbe": _probe("/health", 5, 3),
+        "livenessProbe": _probe("/health", 15, 4, timeout=10),
+        # Give the router time to drop this pod from its EndpointSlice view before SIGTERM.
+        "lifecycle": {"preStop": {"sleep": {"seconds": 10}}},
+        "volumeMounts": mounts,
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+    if not container["env"]:
+        del container["env"]
+    return container
+
+
+def engine_deployment(owner: Owner, spec: InferenceServiceSpec, image: str) -> dict[str, Any]:
+    e = spec.engine
+    volumes, _ = _volumes(spec)
+    pod: dict[str, Any] = {
+        "automountServiceAccountToken": False,  # engines never call the API
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 60,
+        "containers": [engine_container(spec, image)],
+        "volumes": volumes,
+    }
+    if e.node_selector:
+        pod["nodeSelector"] = dict(e.node_selector)
+    if e.tolerations:
+        pod["tolerations"] = [dict(t) for t in e.tolerations]
+    # GPUs are scarce: replace pods one at a time instead of surging onto extra devices.
+    surge = 0 if e.gpus else 1
+    rolling = {"maxSurge": surge, "maxUnavailable": 1 - surge}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": object_meta(owner, engine_name(owner.name), ENGINE),
+        "spec": {
+            "replicas": 0 if spec.suspend else e.replicas,
+            "selector": {"matchLabels": selector(owner.name, ENGINE)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling},
+            "template": {
+                "metadata": {
+                    "labels": labels(owner.name, ENGINE),
+                    "annotations": {"kubectl.kubernetes.io/default-container": ENGINE},
+                },
+                "spec": pod,
+            },
+        },
+    }
+
+
+def engine_service(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
+    """Headless: the router needs every pod's address (EndpointSlices), not a virtual IP."""
+    ports = [{"name": "http", "port": ENGINE_HTTP_PORT, "targetPort": "http", "protocol": "TCP"}]
+    ports += [
+        {"name": name, "port": port, "targetPort": name, "protocol": "TCP"}
+        for name, port in kv_event_ports(spec.engine.parallelism.dp)
+    ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(owner, engine_name(owner.name), ENGINE),
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector(owner.name, ENGINE),
+            "ports": ports,
+        },
+    }

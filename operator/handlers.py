@@ -1,0 +1,250 @@
+"""The kopf handlers: thin glue between kopf's events and the pure builders / status code.
+
+- create / update (of `spec`) / resume: validate, apply every child, write status. An
+  invalid spec is written as Degraded and raised as `kopf.PermanentError`: never retried
+  until the spec changes again.
+- one daemon per InferenceService re-applies the children (repairing drift) and refreshes
+  the status whenever a child changes (the `on.event` watchers wake it) and at least every
+  `resync_seconds`; it never raises, so an invalid spec causes no retry loop there either.
+- delete: remove the children that we own (owner references let the garbage collector do the
+  same; deleting them here makes the teardown prompt and visible).
+
+`register()` puts them into a registry, so tests run the same handlers in a fresh one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import inspect
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import aiohttp
+import kopf
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from radixserve.operator.builders import build_children, child_refs
+from radixserve.operator.config import (
+    ANNOTATION_PREFIX,
+    API_VERSION,
+    FINALIZER,
+    GROUP,
+    KIND,
+    LABEL_OWNER,
+    PLURAL,
+    VERSION,
+    OperatorConfig,
+)
+from radixserve.operator.kube import ForeignObjectError, Kube, owned_by
+from radixserve.operator.meta import Owner, engine_name, router_name
+from radixserve.operator.schema import InferenceServiceSpec, SpecError
+from radixserve.operator.spec import parse_spec
+from radixserve.operator.status import Observation, Problem, compute_status, status_changed
+
+LoginFn = Callable[..., Any]
+CHILD_KINDS = (  # kopf resource specs of the kinds we create
+    ("apps", "v1", "deployments"),
+    ("v1", "services"),
+    ("v1", "serviceaccounts"),
+    ("rbac.authorization.k8s.io", "v1", "roles"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+)
+TRANSIENT = (ApiException, aiohttp.ClientError, asyncio.TimeoutError)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def default_login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In-cluster service account, else the kubeconfig (via kubernetes_asyncio's loaders)."""
+    return await kopf.login_via_async_client(**kwargs)
+
+
+async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float) -> None:
+    """Until woken, stopped, or `timeout` seconds passed."""
+    waiters = {asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())}
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
+class Runtime:
+    """What one running operator's handlers share: settings, the API client, wake-ups."""
+
+    def __init__(self, config: OperatorConfig, login: LoginFn = default_login) -> None:
+        self.config = config
+        self._login = login
+        self._kube: Kube | None = None
+        self.wakeups: dict[tuple[str, str], asyncio.Event] = {}
+
+    @property
+    def kube(self) -> Kube:
+        if self._kube is None:
+            raise kopf.TemporaryError("not logged in to the API yet", delay=1)
+        return self._kube
+
+    # --- activities -------------------------------------------------------------------
+
+    async def startup(self, settings: kopf.OperatorSettings, logger: Any, **_: Any) -> None:
+        """Every kopf setting in one place: our own finalizer and annotation keys."""
+        settings.persistence.finalizer = FINALIZER
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+            prefix=ANNOTATION_PREFIX
+        )
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+        )
+        settings.posting.level = logging.WARNING  # Kubernetes Events only for problems
+        settings.watching.server_timeout = 300  # re-list now and then: no silent stale watch
+        settings.watching.client_timeout = 330
+        logger.info(
+            "radixserve operator: engine image %s, router image %s, namespaces %s",
+            self.config.engine_image,
+            self.config.router_image,
+            ",".join(self.config.namespaces) or "all",
+        )
+
+    async def login(self, **kwargs: Any) -> kopf.ConnectionInfo | None:
+        """kopf and our client share one set of credentials (and one endpoint)."""
+        info = self._login(**kwargs)
+        info = await info if inspect.isawaitable(info) else info
+        if info is not None:
+            old, self._kube = self._kube, Kube.connect(info)
+            if old is not None:
+                await old.close()
+        return info
+
+    async def cleanup(self, **_: Any) -> None:
+        if self._kube is not None:
+            await self._kube.close()
+            self._kube = None
+
+    # --- InferenceService lifecycle ---------------------------------------------------
+
+    async def reconcile(self, body: kopf.Body, logger: Any, **_: Any) -> None:
+        try:
+            spec = parse_spec(body.get("spec"), body.meta["name"])
+        except SpecError as exc:
+            await self.write_status(body, None, Problem("InvalidSpec", str(exc)))
+            raise kopf.PermanentError(f"invalid spec: {exc}") from exc
+        try:
+            outcomes = await self.apply_children(body, spec)
+        except ForeignObjectError as exc:
+            await self.write_status(body, spec, Problem("ForeignObject", str(exc)))
+            raise kopf.TemporaryError(str(exc), delay=self.config.resync_seconds) from exc
+        changed = {name: what for name, what in outcomes.items() if what != "unchanged"}
+        if changed:
+            logger.info("children: %s", ", ".join(f"{n} {w}" for n, w in changed.items()))
+        await self.write_status(body, spec, None)
+
+    async def delete(self, body: kopf.Body, logger: Any, **_: Any) -> None:
+        meta = body.meta
+        for api_version, kind, name in reversed(child_refs(meta["name"])):
+            live = await self.kube.get(api_version, kind, meta["namespace"], name)
+            if live is not None and owned_by(live, meta["uid"]):
+                await self.kube.delete(api_version, kind, meta["namespace"], name)
+                logger.info("deleted %s %s", kind, name)
+
+    async def resync_daemon(
+        self, stopped: kopf.DaemonStopped, name: str, namespace: str, logger: Any, **_: Any
+    ) -> None:
+        key = (namespace, name)
+        wake = self.wakeups.setdefault(key, asyncio.Event())
+        try:
+            while not stopped:
+                await _sleep(wake, stopped, self.config.resync_seconds)
+                wake.clear()
+                if stopped:
+                    break
+                try:
+                    await self.resync(namespace, name)
+                except (*TRANSIENT, ForeignObjectError, kopf.TemporaryError) as exc:
+                    logger.warning("resync failed (will retry): %s", exc)
+        finally:
+            if self.wakeups.get(key) is wake:
+                del self.wakeups[key]
+
+    async def resync(self, namespace: str, name: str) -> None:
+        """Level-based pass: the live object's spec onto the children, then the status."""
+        live = await self.kube.get(API_VERSION, KIND, namespace, name)
+        if live is None or live["metadata"].get("deletionTimestamp"):
+            return
+        body = kopf.Body(live)
+        try:
+            spec = parse_spec(live.get("spec"), name)
+        except SpecError as exc:  # already reported by the handler: only keep status true
+            await self.write_status(body, None, Problem("InvalidSpec", str(exc)))
+            return
+        try:
+            await self.apply_children(body, spec)
+        except ForeignObjectError as exc:
+            await self.write_status(body, spec, Problem("ForeignObject", str(exc)))
+            return
+        await self.write_status(body, spec, None)
+
+    async def child_event(self, namespace: str, labels: Mapping[str, str], **_: Any) -> None:
+        """A child changed (or vanished): wake its owner's daemon."""
+        wake = self.wakeups.get((namespace, labels.get(LABEL_OWNER, "")))
+        if wake is not None:
+            wake.set()
+
+    # --- helpers ------------------------------------------------------------------------
+
+    async def apply_children(self, body: kopf.Body, spec: InferenceServiceSpec) -> dict[str, str]:
+        meta = body.meta
+        owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+        outcomes: dict[str, str] = {}
+        for child in build_children(owner, spec, self.config):
+            key = f"{child['kind']}/{child['metadata']['name']}"
+            outcomes[key] = await self.kube.apply(child, owner.uid)
+        return outcomes
+
+    async def write_status(
+        self, body: kopf.Body, spec: InferenceServiceSpec | None, problem: Problem | None
+    ) -> None:
+        meta = body.meta
+        name, namespace = meta["name"], meta["namespace"]
+        raw_spec = body.get("spec") or {}
+        suspended = spec.suspend if spec is not None else bool(raw_spec.get("suspend"))
+        engine = await self.kube.get("apps/v1", "Deployment", namespace, engine_name(name))
+        router = await self.kube.get("apps/v1", "Deployment", namespace, router_name(name))
+        observation = Observation(
+            name=name,
+            namespace=namespace,
+            generation=int(meta.get("generation") or 1),
+            suspended=suspended,
+            engine=engine if engine is not None and owned_by(engine, meta["uid"]) else None,
+            router=router if router is not None and owned_by(router, meta["uid"]) else None,
+            problem=problem,
+            previous=body.get("status"),
+        )
+        status = compute_status(observation, _now())
+        if status_changed(body.get("status"), status):
+            with contextlib.suppress(ApiException):  # deleted meanwhile: nothing to report
+                await self.kube.patch_status(namespace, name, status)
+
+
+def register(
+    registry: kopf.OperatorRegistry, config: OperatorConfig, login: LoginFn = default_login
+) -> Runtime:
+    """Put every handler of the operator into `registry`; returns their shared state."""
+    rt = Runtime(config, login)
+    isvc = (GROUP, VERSION, PLURAL)
+    kopf.on.startup(registry=registry)(rt.startup)
+    kopf.on.login(registry=registry)(rt.login)
+    kopf.on.cleanup(registry=registry)(rt.cleanup)
+    kopf.on.resume(*isvc, registry=registry, id="resume", backoff=5)(rt.reconcile)
+    kopf.on.create(*isvc, registry=registry, id="create", backoff=5)(rt.reconcile)
+    kopf.on.update(*isvc, registry=registry, id="update", backoff=5, field="spec")(rt.reconcile)
+    kopf.on.delete(*isvc, registry=registry, id="delete", backoff=5)(rt.delete)
+    kopf.daemon(*isvc, registry=registry, id="resync", cancellation_timeout=5)(rt.resync_daemon)
+    for resource in CHILD_KINDS:
+        owned = {LABEL_OWNER: kopf.PRESENT}
+        kopf.on.event(*resource, registry=registry, labels=owned)(rt.child_event)
+    return rt

@@ -1,0 +1,216 @@
+"""The one module that talks to the Kubernetes API (kubernetes_asyncio), for the handlers.
+
+Children are applied like `kubectl apply` does it client-side: a JSON merge patch of the
+desired object, plus nulls for the fields we set last time and no longer want (remembered in
+the `radixserve.io/last-applied` annotation). A child is patched only when one of the fields
+we own differs from the live object, so a resync of a settled service costs only GETs. Merge
+patch (not strategic merge or server-side apply) keeps the operator testable against an API
+emulator; lists we own (containers, ports, env) are replaced whole, which is what we want.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from radixserve.operator.config import API_VERSION, GROUP, KIND, PLURAL, VERSION
+
+LAST_APPLIED = f"{GROUP}/last-applied"
+MERGE_PATCH = "application/merge-patch+json"
+
+# (apiVersion, kind) → (URL prefix, plural): every kind the operator touches.
+RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
+    ("v1", "ServiceAccount"): ("/api/v1", "serviceaccounts"),
+    ("v1", "Service"): ("/api/v1", "services"),
+    ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
+    ("rbac.authorization.k8s.io/v1", "Role"): ("/apis/rbac.authorization.k8s.io/v1", "roles"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): (
+        "/apis/rbac.authorization.k8s.io/v1",
+        "rolebindings",
+    ),
+    (API_VERSION, KIND): (f"/apis/{GROUP}/{VERSION}", PLURAL),
+}
+
+
+class ForeignObjectError(RuntimeError):
+    """A child's name is taken by an object that this InferenceService does not own."""
+
+
+def _path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+    prefix, plural = RESOURCES[(api_version, kind)]
+    path = f"{prefix}/namespaces/{namespace}/{plural}"
+    return f"{path}/{name}" if name else path
+
+
+def _pem_file(path: Any, data: str | bytes | None) -> str | None:
+    """kubernetes_asyncio wants files; kubeconfigs may carry inline (base64) PEM data."""
+    if path:
+        return os.fsdecode(path)
+    if not data:
+        return None
+    raw = data.encode() if isinstance(data, str) else data
+    pem = raw if raw.startswith(b"-----BEGIN ") else base64.b64decode(raw)
+    with tempfile.NamedTemporaryFile("wb", suffix=".pem", delete=False) as f:
+        f.write(pem)
+    return f.name
+
+
+def configuration(info: kopf.ConnectionInfo) -> Configuration:
+    """The client configuration for the same endpoint and credentials kopf logged in with."""
+    cfg = Configuration(host=info.server.rstrip("/"))
+    cfg.verify_ssl = not info.insecure
+    cfg.ssl_ca_cert = _pem_file(info.ca_path, info.ca_data)
+    cfg.cert_file = _pem_file(info.certificate_path, info.certificate_data)
+    cfg.key_file = _pem_file(info.private_key_path, info.private_key_data)
+    if info.token:
+        cfg.api_key = {"BearerToken": info.token}
+        cfg.api_key_prefix = {"BearerToken": info.scheme or "Bearer"}
+    if info.username:
+        cfg.username, cfg.password = info.username, info.password or ""
+    return cfg
+
+
+def is_subset(want: Any, have: Any) -> bool:
+    """Every field of `want` is in `have` with the same value (the API adds defaults)."""
+    if isinstance(want, Mapping):
+        return isinstance(have, Mapping) and all(
+            key in have and is_subset(value, have[key]) for key, value in want.items()
+        )
+    if isinstance(want, list):
+        return (
+            isinstance(have, list)
+            and len(want) == len(have)
+            and all(is_subset(w, h) for w, h in zip(want, have, strict=True))
+        )
+    return bool(want == have)
+
+
+def removals(last: Any, desired: Any) -> dict[str, Any]:
+    """Merge-patch nulls for the keys we applied last time and no longer want."""
+    if not isinstance(last, Mapping) or not isinstance(desired, Mapping):
+        return {}
+    out: dict[str, Any] = {}
+    for key, value in last.items():
+        if key not in desired:
+            out[key] = None
+        elif nested := removals(value, desired[key]):
+            out[key] = nested
+    return out
+
+
+def _merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def with_last_applied(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = dict(obj["metadata"])
+    meta["annotations"] = {**meta.get("annotations", {}), LAST_APPLIED: json.dumps(obj)}
+    return {**obj, "metadata": meta}
+
+
+def owned_by(live: Mapping[str, Any], owner_uid: str) -> bool:
+    refs = (live.get("metadata") or {}).get("ownerReferences") or []
+    return any(ref.get("uid") == owner_uid and ref.get("controller") for ref in refs)
+
+
+class Kube:
+    """Typed-enough access to the few kinds the operator manages; bodies are plain dicts."""
+
+    def __init__(self, api: ApiClient) -> None:
+        self.api = api
+
+    @classmethod
+    def connect(cls, info: kopf.ConnectionInfo) -> Kube:
+        return cls(ApiClient(configuration(info)))
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    async def _call(self, method: str, path: str, body: Any = None, patch: bool = False) -> Any:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = MERGE_PATCH if patch else "application/json"
+        return await self.api.call_api(
+            path,
+            method,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+            response_types_map={200: "object", 201: "object", 202: "object"},
+            _return_http_data_only=True,
+        )
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any:
+        """The live object, or None when it does not exist."""
+        try:
+            return await self._call("GET", _path(api_version, kind, namespace, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def create(self, obj: Mapping[str, Any]) -> Any:
+        ns = obj["metadata"]["namespace"]
+        return await self._call("POST", _path(obj["apiVersion"], obj["kind"], ns), dict(obj))
+
+    async def patch(self, ref: Mapping[str, Any], patch: Mapping[str, Any], sub: str = "") -> Any:
+        meta = ref["metadata"]
+        path = _path(ref["apiVersion"], ref["kind"], meta["namespace"], meta["name"])
+        return await self._call("PATCH", f"{path}/{sub}" if sub else path, dict(patch), True)
+
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """Delete (children go in the background); False when it was already gone."""
+        try:
+            await self._call("DELETE", _path(api_version, kind, namespace, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def apply(self, obj: Mapping[str, Any], owner_uid: str) -> str:
+        """Create or patch one child so it matches `obj`: 'created', 'patched' or 'unchanged'."""
+        desired = with_last_applied(obj)
+        meta = obj["metadata"]
+        live = await self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        if live is None:
+            try:
+                await self.create(desired)
+                return "created"
+            except ApiException as exc:
+                if exc.status != 409:  # created meanwhile (e.g. by a concurrent resync)
+                    raise
+            live = await self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        if live is None:
+            raise kopf.TemporaryError(f"{obj['kind']} {meta['name']} vanished during apply", 1)
+        if not owned_by(live, owner_uid):
+            raise ForeignObjectError(
+                f"{obj['kind']} {meta['name']} already exists and is not owned by this "
+                "InferenceService; delete or rename it"
+            )
+        annotations = (live.get("metadata") or {}).get("annotations") or {}
+        last = json.loads(annotations.get(LAST_APPLIED, "{}"))
+        dropped = removals(last, obj)
+        if not dropped and is_subset(desired, live):
+            return "unchanged"
+        await self.patch(obj, _merge(desired, dropped))
+        return "patched"
+
+    async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Any:
+        meta = {"namespace": namespace, "name": name}
+        ref = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta}
+        return await self.patch(ref, {"status": dict(status)}, sub="status")

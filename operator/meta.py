@@ -1,0 +1,77 @@
+"""Names, labels and owner references shared by every child of an InferenceService."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from radixserve.operator.config import (
+    API_VERSION,
+    APP_NAME,
+    KIND,
+    LABEL_COMPONENT,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    LABEL_NAME,
+    LABEL_OWNER,
+    MANAGED_BY,
+    SERVICE_PORT,
+)
+
+ENGINE = "engine"
+ROUTER = "router"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The InferenceService that owns the children (what an owner reference needs)."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def reference(self) -> dict[str, Any]:
+        # controller=True: `kubectl get` shows the owner, and only one controller may adopt.
+        # blockOwnerDeletion: foreground deletion of the InferenceService waits for children.
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def engine_name(owner: str) -> str:
+    return f"{owner}-{ENGINE}"
+
+
+def router_name(owner: str) -> str:
+    return f"{owner}-{ROUTER}"
+
+
+def selector(owner: str, component: str) -> dict[str, str]:
+    """The immutable subset of labels that Deployments and Services select on."""
+    return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: owner, LABEL_COMPONENT: component}
+
+
+def selector_string(owner: str, component: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(selector(owner, component).items()))
+
+
+def labels(owner: str, component: str) -> dict[str, str]:
+    return {**selector(owner, component), LABEL_MANAGED_BY: MANAGED_BY, LABEL_OWNER: owner}
+
+
+def object_meta(owner: Owner, name: str, component: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": labels(owner.name, component),
+        "ownerReferences": [owner.reference()],
+    }
+
+
+def service_url(name: str, namespace: str) -> str:
+    return f"http://{name}.{namespace}.svc.cluster.local:{SERVICE_PORT}"

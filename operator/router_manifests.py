@@ -1,0 +1,125 @@
+"""Router children: its ServiceAccount + Role + RoleBinding (watch EndpointSlices), its
+Deployment, and the Service `X` that users call. Pure functions of the parsed spec."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixserve.operator.config import ROUTER_PORT, SERVICE_PORT
+from radixserve.operator.meta import (
+    ROUTER,
+    Owner,
+    engine_name,
+    labels,
+    object_meta,
+    router_name,
+    selector,
+)
+from radixserve.operator.schema import InferenceServiceSpec
+
+ROUTER_REQUESTS = {"cpu": "100m", "memory": "256Mi"}
+
+
+def router_args(owner: Owner, spec: InferenceServiceSpec) -> list[str]:
+    r = spec.router
+    args = ["router", "--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
+    args += ["--k8s-service", engine_name(owner.name), "--k8s-namespace", owner.namespace]
+    args += ["--policy", r.policy]
+    args += ["--cache-threshold", str(r.cache_threshold)]
+    args += ["--balance-abs-threshold", str(r.balance_abs_threshold)]
+    args += ["--balance-rel-threshold", str(r.balance_rel_threshold)]
+    return args
+
+
+def router_service_account(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": object_meta(owner, router_name(owner.name), ROUTER),
+    }
+
+
+def router_role(owner: Owner) -> dict[str, Any]:
+    """Read-only, namespaced, EndpointSlices only: all the router needs to find engines."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": object_meta(owner, router_name(owner.name), ROUTER),
+        "rules": [
+            {
+                "apiGroups": ["discovery.k8s.io"],
+                "resources": ["endpointslices"],
+                "verbs": ["get", "list", "watch"],
+            }
+        ],
+    }
+
+
+def router_role_binding(owner: Owner) -> dict[str, Any]:
+    name = router_name(owner.name)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": object_meta(owner, name, ROUTER),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
+    }
+
+
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 3,
+        "failureThreshold": failures,
+    }
+
+
+def router_deployment(owner: Owner, spec: InferenceServiceSpec, image: str) -> dict[str, Any]:
+    container = {
+        "name": ROUTER,
+        "image": spec.router.image or image,
+        "command": ["radixserve"],
+        "args": router_args(owner, spec),
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+        "resources": {"requests": dict(ROUTER_REQUESTS)},
+        # Ready only with at least one healthy engine: the Service then never routes to a
+        # router that would answer 503.
+        "readinessProbe": _probe("/readiness", 5, 3),
+        "livenessProbe": _probe("/health", 10, 3),
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": object_meta(owner, router_name(owner.name), ROUTER),
+        "spec": {
+            "replicas": 0 if spec.suspend else spec.router.replicas,
+            "selector": {"matchLabels": selector(owner.name, ROUTER)},
+            "template": {
+                "metadata": {"labels": labels(owner.name, ROUTER)},
+                "spec": {
+                    "serviceAccountName": router_name(owner.name),
+                    "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": 30,
+                    "containers": [container],
+                },
+            },
+        },
+    }
+
+
+def frontend_service(owner: Owner) -> dict[str, Any]:
+    """`X`: what clients call (port 80 → the routers' `http` port)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(owner, owner.name, ROUTER),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector(owner.name, ROUTER),
+            "ports": [
+                {"name": "http", "port": SERVICE_PORT, "targetPort": "http", "protocol": "TCP"}
+            ],
+        },
+    }

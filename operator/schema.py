@@ -1,0 +1,125 @@
+"""The parsed InferenceService spec: frozen dataclasses the builders read.
+
+`radixserve.operator.spec.parse_spec` makes them from the raw spec; nothing else does, so
+every instance has passed validation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class SpecError(ValueError):
+    """A spec the operator cannot serve; `field` is the path of the offending field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class BuiltinSource:
+    alias: str
+
+
+@dataclass(frozen=True)
+class PvcSource:
+    claim_name: str
+    path: str
+
+
+@dataclass(frozen=True)
+class HostPathSource:
+    path: str
+
+
+@dataclass(frozen=True)
+class HuggingFaceSource:
+    repo: str
+    revision: str | None
+
+
+ModelSource = BuiltinSource | PvcSource | HostPathSource | HuggingFaceSource
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    source: ModelSource
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpu: str | None = None
+    memory: str | None = None
+    gpus: int | None = None
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    tp: int = 1
+    dp: int = 1
+    ep: int = 1
+    dp_attention: bool = False
+
+    @property
+    def ranks(self) -> int:
+        """Processes (and devices) per replica: DP-attention splits the TP group, plain DP
+        runs dp copies of it."""
+        return self.tp if self.dp_attention else self.tp * self.dp
+
+
+@dataclass(frozen=True)
+class KVCache:
+    page_size: int | None = None
+    memory_fraction: float | None = None
+    max_total_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    policy: str | None = None
+    chunked_prefill_size: int | None = None
+    max_running_requests: int | None = None
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    replicas: int = 1
+    image: str | None = None
+    device: str = "cpu"
+    resources: Resources = Resources()
+    parallelism: Parallelism = Parallelism()
+    kv_cache: KVCache = KVCache()
+    scheduler: Scheduler = Scheduler()
+    extra_args: tuple[str, ...] = ()
+    env: tuple[Mapping[str, Any], ...] = ()
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def gpus(self) -> int:
+        """GPUs per pod: the explicit count, else one per rank on cuda, else none."""
+        if self.device != "cuda":
+            return 0
+        return self.resources.gpus or self.parallelism.ranks
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    replicas: int = 1
+    image: str | None = None
+    policy: str = "cache_aware"
+    cache_threshold: float = 0.3
+    balance_abs_threshold: int = 64
+    balance_rel_threshold: float = 1.5
+
+
+@dataclass(frozen=True)
+class InferenceServiceSpec:
+    model: ModelSpec
+    engine: EngineSpec = EngineSpec()
+    router: RouterSpec = RouterSpec()
+    suspend: bool = False

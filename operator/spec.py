@@ -1,0 +1,354 @@
+"""InferenceService spec → frozen dataclasses, with errors that name the field.
+
+The CRD schema already applies defaults and rejects most bad values, but the operator does
+not trust it: the CRD may be older than the operator, CEL rules may be off, and some rules
+(flags in `extraArgs` that the operator owns) are not in the schema at all. So every rule is
+checked here again, and the defaults are the CRD's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from radixserve.operator.schema import (
+    BuiltinSource,
+    EngineSpec,
+    HostPathSource,
+    HuggingFaceSource,
+    InferenceServiceSpec,
+    KVCache,
+    ModelSource,
+    ModelSpec,
+    Parallelism,
+    PvcSource,
+    Resources,
+    RouterSpec,
+    Scheduler,
+    SpecError,
+)
+
+ENGINE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
+ROUTER_POLICIES = ("cache_aware", "cost", "round_robin", "random", "power_of_two", "least_load")
+DEVICES = ("cpu", "cuda")
+MAX_NAME_LENGTH = 56  # children add "-engine" / "-router"; Service names are ≤ 63
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_QUANTITY = re.compile(
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+# Flags the operator derives from the spec: set twice, the engine would silently take the last.
+MANAGED_ENGINE_FLAGS = {
+    "--model-path": "spec.model.source",
+    "--served-model-name": "spec.model.name",
+    "--host": "the operator (0.0.0.0)",
+    "--port": "the operator (30000)",
+    "--kv-events-port": "the operator (5557)",
+    "--enable-kv-events": "the operator",
+    "--device": "spec.engine.device",
+    "--tp-size": "spec.engine.parallelism.tp",
+    "--dp-size": "spec.engine.parallelism.dp",
+    "--ep-size": "spec.engine.parallelism.ep",
+    "--enable-dp-attention": "spec.engine.parallelism.dpAttention",
+    "--page-size": "spec.engine.kvCache.pageSize",
+    "--mem-fraction-static": "spec.engine.kvCache.memoryFraction",
+    "--max-total-tokens": "spec.engine.kvCache.maxTotalTokens",
+    "--schedule-policy": "spec.engine.scheduler.policy",
+    "--chunked-prefill-size": "spec.engine.scheduler.chunkedPrefillSize",
+    "--max-running-requests": "spec.engine.scheduler.maxRunningRequests",
+}
+_TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+
+
+class _Reader:
+    """One object of the spec: typed getters that name the field, and an unknown-key check."""
+
+    def __init__(self, data: Any, path: str) -> None:
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise SpecError(path, f"must be an object, got {type(data).__name__}")
+        self.data: Mapping[str, Any] = data
+        self.path = path
+
+    def at(self, key: str) -> str:
+        return f"{self.path}.{key}"
+
+    def child(self, key: str, required: bool = False) -> _Reader:
+        if required and self.data.get(key) is None:
+            raise SpecError(self.at(key), "is required")
+        return _Reader(self.data.get(key), self.at(key))
+
+    def integer(self, key: str, default: int | None, minimum: int | None = None) -> int | None:
+        value = self.data.get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SpecError(self.at(key), f"must be an integer, got {value!r}")
+        if minimum is not None and value < minimum:
+            raise SpecError(self.at(key), f"must be ≥ {minimum}, got {value}")
+        return value
+
+    def number(self, key: str, default: float | None) -> float | None:
+        value = self.data.get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise SpecError(self.at(key), f"must be a number, got {value!r}")
+        return float(value)
+
+    def string(self, key: str, default: str | None, choices: tuple[str, ...] = ()) -> str | None:
+        value = self.data.get(key, default)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            raise SpecError(self.at(key), f"must be a non-empty string, got {value!r}")
+        if choices and value not in choices:
+            raise SpecError(self.at(key), f"must be one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self.data.get(key, default)
+        if not isinstance(value, bool):
+            raise SpecError(self.at(key), f"must be true or false, got {value!r}")
+        return value
+
+    def items(self, key: str) -> list[Any]:
+        value = self.data.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise SpecError(self.at(key), f"must be a list, got {type(value).__name__}")
+        return value
+
+    def only(self, *known: str) -> None:
+        unknown = sorted(set(self.data) - set(known))
+        if unknown:
+            raise SpecError(self.at(unknown[0]), f"unknown field (known: {', '.join(known)})")
+
+
+def validate_name(name: str) -> None:
+    if len(name) > MAX_NAME_LENGTH:
+        raise SpecError("metadata.name", f"must be at most {MAX_NAME_LENGTH} characters")
+    if not _DNS_LABEL.match(name):
+        raise SpecError("metadata.name", "must be a DNS label: a-z, 0-9 and '-', from a letter")
+
+
+def parse_spec(spec: Mapping[str, Any] | None, name: str) -> InferenceServiceSpec:
+    """Validate and normalise one InferenceService spec (with the CRD's defaults)."""
+    validate_name(name)
+    r = _Reader(spec, "spec")
+    r.only("model", "engine", "router", "suspend")
+    return InferenceServiceSpec(
+        model=_model(r.child("model", required=True)),
+        engine=_engine(r.child("engine")),
+        router=_router(r.child("router")),
+        suspend=r.boolean("suspend", False),
+    )
+
+
+def _model(r: _Reader) -> ModelSpec:
+    r.only("name", "source")
+    name = r.string("name", None)
+    if name is None:
+        raise SpecError(r.at("name"), "is required")
+    return ModelSpec(name=name, source=_source(r.child("source", required=True)))
+
+
+def _source(r: _Reader) -> ModelSource:
+    kinds = ("builtin", "pvc", "hostPath", "huggingFace")
+    r.only(*kinds)
+    chosen = [k for k in kinds if r.data.get(k) is not None]
+    if len(chosen) != 1:
+        found = ", ".join(chosen) or "none"
+        raise SpecError(r.path, f"exactly one of {', '.join(kinds)} must be set (found: {found})")
+    if chosen[0] == "builtin":
+        return BuiltinSource(alias=r.string("builtin", None) or "")
+    if chosen[0] == "hostPath":
+        path = r.string("hostPath", None) or ""
+        if not path.startswith("/"):
+            raise SpecError(r.at("hostPath"), f"must be an absolute path, got {path!r}")
+        return HostPathSource(path=path)
+    if chosen[0] == "pvc":
+        p = r.child("pvc")
+        p.only("claimName", "path")
+        claim = p.string("claimName", None)
+        if claim is None:
+            raise SpecError(p.at("claimName"), "is required")
+        sub = p.data.get("path") or ""
+        if not isinstance(sub, str) or sub.startswith("/") or ".." in sub.split("/"):
+            raise SpecError(p.at("path"), f"must be a relative path inside the claim, got {sub!r}")
+        return PvcSource(claim_name=claim, path=sub)
+    h = r.child("huggingFace")
+    h.only("repo", "revision")
+    repo = h.string("repo", None)
+    if repo is None:
+        raise SpecError(h.at("repo"), "is required")
+    return HuggingFaceSource(repo=repo, revision=h.string("revision", None))
+
+
+def _engine(r: _Reader) -> EngineSpec:
+    r.only(
+        "replicas", "image", "device", "resources", "parallelism", "kvCache", "scheduler",
+        "extraArgs", "env", "nodeSelector", "tolerations",
+    )  # fmt: skip
+    engine = EngineSpec(
+        replicas=r.integer("replicas", 1, minimum=0) or 0,
+        image=r.string("image", None),
+        device=r.string("device", "cpu", DEVICES) or "cpu",
+        resources=_resources(r.child("resources")),
+        parallelism=_parallelism(r.child("parallelism")),
+        kv_cache=_kv_cache(r.child("kvCache")),
+        scheduler=_scheduler(r.child("scheduler")),
+        extra_args=_extra_args(r),
+        env=_env(r),
+        node_selector=_node_selector(r.child("nodeSelector")),
+        tolerations=_tolerations(r),
+    )
+    _check_engine(engine, r.path)
+    return engine
+
+
+def _check_engine(engine: EngineSpec, path: str) -> None:
+    gpus = engine.resources.gpus or 0
+    if gpus and engine.device != "cuda":
+        raise SpecError(f"{path}.resources.gpus", "needs device cuda")
+    if gpus and gpus < engine.parallelism.ranks:
+        raise SpecError(
+            f"{path}.resources.gpus",
+            f"{gpus} GPUs cannot hold {engine.parallelism.ranks} ranks (tp, or tp × dp "
+            "without dpAttention)",
+        )
+    page = engine.kv_cache.page_size or 1
+    chunk = engine.scheduler.chunked_prefill_size
+    if chunk is not None and chunk != -1 and chunk < page:
+        raise SpecError(
+            f"{path}.scheduler.chunkedPrefillSize", f"must be -1 (off) or ≥ pageSize ({page})"
+        )
+
+
+def _resources(r: _Reader) -> Resources:
+    r.only("cpu", "memory", "gpus")
+    return Resources(
+        cpu=_quantity(r, "cpu"), memory=_quantity(r, "memory"), gpus=r.integer("gpus", None, 0)
+    )
+
+
+def _quantity(r: _Reader, key: str) -> str | None:
+    value = r.data.get(key)
+    if value is None:
+        return None
+    text = str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+    if not isinstance(text, str) or not _QUANTITY.match(text):
+        raise SpecError(r.at(key), f"must be a quantity (e.g. 2, 500m, 8Gi), got {value!r}")
+    return text
+
+
+def _parallelism(r: _Reader) -> Parallelism:
+    r.only("tp", "dp", "ep", "dpAttention")
+    p = Parallelism(
+        tp=r.integer("tp", 1, 1) or 1,
+        dp=r.integer("dp", 1, 1) or 1,
+        ep=r.integer("ep", 1, 1) or 1,
+        dp_attention=r.boolean("dpAttention", False),
+    )
+    if p.dp_attention and p.tp % p.dp:
+        raise SpecError(r.at("dp"), f"must divide tp ({p.tp}) when dpAttention is true, got {p.dp}")
+    if p.ep > p.tp * p.dp:
+        raise SpecError(r.at("ep"), f"must be at most tp × dp ({p.tp * p.dp}), got {p.ep}")
+    return p
+
+
+def _kv_cache(r: _Reader) -> KVCache:
+    r.only("pageSize", "memoryFraction", "maxTotalTokens")
+    fraction = r.number("memoryFraction", None)
+    if fraction is not None and not 0 < fraction < 1:
+        raise SpecError(r.at("memoryFraction"), f"must be in (0, 1), got {fraction}")
+    return KVCache(
+        page_size=r.integer("pageSize", None, 1),
+        memory_fraction=fraction,
+        max_total_tokens=r.integer("maxTotalTokens", None, 1),
+    )
+
+
+def _scheduler(r: _Reader) -> Scheduler:
+    r.only("policy", "chunkedPrefillSize", "maxRunningRequests")
+    chunk = r.integer("chunkedPrefillSize", None, -1)
+    if chunk == 0:
+        raise SpecError(r.at("chunkedPrefillSize"), "must be -1 (off) or positive, got 0")
+    return Scheduler(
+        policy=r.string("policy", None, ENGINE_POLICIES),
+        chunked_prefill_size=chunk,
+        max_running_requests=r.integer("maxRunningRequests", None, 1),
+    )
+
+
+def _extra_args(r: _Reader) -> tuple[str, ...]:
+    args = r.items("extraArgs")
+    for i, arg in enumerate(args):
+        if not isinstance(arg, str):
+            raise SpecError(f"{r.at('extraArgs')}[{i}]", f"must be a string, got {arg!r}")
+        flag = arg.split("=", 1)[0]
+        if flag in MANAGED_ENGINE_FLAGS:
+            raise SpecError(
+                f"{r.at('extraArgs')}[{i}]",
+                f"{flag} is set by the operator from {MANAGED_ENGINE_FLAGS[flag]}",
+            )
+    return tuple(args)
+
+
+def _env(r: _Reader) -> tuple[Mapping[str, Any], ...]:
+    out = []
+    for i, item in enumerate(r.items("env")):
+        e = _Reader(item, f"{r.at('env')}[{i}]")
+        e.only("name", "value", "valueFrom")
+        if e.string("name", None) is None:
+            raise SpecError(e.at("name"), "is required")
+        value = e.data.get("value")
+        if value is not None and not isinstance(value, str):
+            raise SpecError(e.at("value"), f"must be a string, got {value!r}")
+        if value is not None and e.data.get("valueFrom") is not None:
+            raise SpecError(e.path, "set value or valueFrom, not both")
+        e.child("valueFrom")  # must be an object when present
+        out.append(dict(e.data))
+    return tuple(out)
+
+
+def _node_selector(r: _Reader) -> tuple[tuple[str, str], ...]:
+    for key, value in r.data.items():
+        if not isinstance(value, str):
+            raise SpecError(r.at(key), f"must be a string, got {value!r}")
+    return tuple(sorted(r.data.items()))
+
+
+def _tolerations(r: _Reader) -> tuple[Mapping[str, Any], ...]:
+    out = []
+    for i, item in enumerate(r.items("tolerations")):
+        t = _Reader(item, f"{r.at('tolerations')}[{i}]")
+        t.only(*sorted(_TOLERATION_KEYS))
+        t.string("operator", None, ("Exists", "Equal"))
+        t.string("effect", None, ("NoSchedule", "PreferNoSchedule", "NoExecute"))
+        t.integer("tolerationSeconds", None)
+        out.append(dict(t.data))
+    return tuple(out)
+
+
+def _router(r: _Reader) -> RouterSpec:
+    r.only("replicas", "image", "policy", "cacheAware")
+    c = r.child("cacheAware")
+    c.only("cacheThreshold", "balanceAbsThreshold", "balanceRelThreshold")
+    threshold = c.number("cacheThreshold", 0.3)
+    if threshold is None or not 0 <= threshold <= 1:
+        raise SpecError(c.at("cacheThreshold"), f"must be in [0, 1], got {threshold}")
+    rel = c.number("balanceRelThreshold", 1.5)
+    if rel is None or rel < 1:
+        raise SpecError(c.at("balanceRelThreshold"), f"must be ≥ 1, got {rel}")
+    return RouterSpec(
+        replicas=r.integer("replicas", 1, 1) or 1,
+        image=r.string("image", None),
+        policy=r.string("policy", "cache_aware", ROUTER_POLICIES) or "cache_aware",
+        cache_threshold=threshold,
+        balance_abs_threshold=c.integer("balanceAbsThreshold", 64, 0) or 0,
+        balance_rel_threshold=rel,
+    )

@@ -1,0 +1,59 @@
+"""Sample InferenceService specs shared by the builder, spec and operator tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+UID = "0c6b9f3e-5d0a-4d59-9a43-3f1b5a3a7e01"
+
+SMOLLM_CPU: dict[str, Any] = {
+    "model": {"name": "smollm2-135m", "source": {"builtin": "smollm2-135m"}},
+    "engine": {
+        "replicas": 2,
+        "resources": {"cpu": 2, "memory": "4Gi"},
+        "kvCache": {"pageSize": 16, "maxTotalTokens": 65536},
+        "scheduler": {"policy": "lpm", "chunkedPrefillSize": 2048, "maxRunningRequests": 64},
+    },
+    "router": {"replicas": 2, "policy": "cache_aware"},
+}
+
+MOE_GPU: dict[str, Any] = {
+    "model": {
+        "name": "qwen3-30b-a3b",
+        "source": {"huggingFace": {"repo": "Qwen/Qwen3-30B-A3B", "revision": "main"}},
+    },
+    "engine": {
+        "replicas": 1,
+        "device": "cuda",
+        "resources": {"cpu": "16", "memory": "256Gi"},
+        "parallelism": {"tp": 4, "dp": 4, "ep": 4, "dpAttention": True},
+        "kvCache": {"pageSize": 64, "memoryFraction": 0.85},
+        "extraArgs": ["--attention-backend", "triton"],
+        "env": [{"name": "NCCL_DEBUG", "value": "WARN"}],
+        "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    },
+    "router": {
+        "policy": "cache_aware",
+        "cacheAware": {"cacheThreshold": 0.5, "balanceAbsThreshold": 32, "balanceRelThreshold": 2},
+    },
+}
+
+PVC_SUSPENDED: dict[str, Any] = {
+    "model": {"name": "llama", "source": {"pvc": {"claimName": "models", "path": "llama-3-8b"}}},
+    "engine": {"replicas": 3, "device": "cuda", "resources": {"gpus": 2}, "image": "my/engine:1"},
+    "router": {"image": "my/router:1", "policy": "round_robin"},
+    "suspend": True,
+}
+
+HOSTPATH_TP: dict[str, Any] = {
+    "model": {"name": "tiny", "source": {"hostPath": "/data/tiny.gguf"}},
+    "engine": {"parallelism": {"tp": 2, "dp": 2}},
+}
+
+CASES = {
+    "smollm-cpu": SMOLLM_CPU,
+    "moe-gpu": MOE_GPU,
+    "pvc-suspended": PVC_SUSPENDED,
+    "hostpath-tp": HOSTPATH_TP,
+}
