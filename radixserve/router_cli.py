@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from typing import Any
 
 
@@ -21,6 +22,8 @@ def run_router(args: argparse.Namespace) -> int:
     from radixserve.router.config import config_from_namespace
 
     config = config_from_namespace(args)
+    if args.log_level != "debug":  # one line per proxied request is the access log's job
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     if not config.worker_urls and not config.k8s_service:
         print("radixserve router: no --worker-urls or --k8s-service: add workers via POST /workers")
     app = create_app(config)
