@@ -1,0 +1,103 @@
+"""Test stand-in for one engine replica's KV-event side: the engine's real RadixCache (events
+on) and its real ZmqKVEventPublisher on 127.0.0.1, with no model behind them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Sequence
+
+import torch
+
+from radixserve.engine.managers.kv_event_publisher import ZmqKVEventPublisher
+from radixserve.engine.mem_cache.allocator import create_allocator
+from radixserve.engine.mem_cache.memory_pool import ReqToTokenPool
+from radixserve.engine.mem_cache.radix_cache import RadixCache
+from radixserve.router.targets import KVEndpoint
+
+CPU = torch.device("cpu")
+
+
+def make_cache(page_size: int, pool: int) -> RadixCache:
+    return RadixCache(
+        ReqToTokenPool(2, 8, CPU),
+        create_allocator(pool, page_size, CPU),
+        page_size=page_size,
+        eviction_policy="lru",
+        enable_events=True,
+    )
+
+
+def cache_insert(cache: RadixCache, tokens: Sequence[int]) -> None:
+    """Insert the page-aligned part of tokens as a finished request would, evicting if needed."""
+    key = list(tokens[: len(tokens) // cache.page_size * cache.page_size])
+    if not key:
+        return
+    short = len(key) - cache.allocator.available_size()
+    if short > 0:
+        cache.evict(short)
+    slots = cache.allocator.alloc_extend([0], [len(key)], [-1])
+    if slots is None:  # locked pages leave too little room: skip this one
+        return
+    prefix = cache.insert(key, slots)
+    cache.allocator.free(slots[:prefix])
+
+
+def engine_match(cache: RadixCache, tokens: Sequence[int]) -> int:
+    """The engine's own cached-prefix length for tokens."""
+    return len(cache.match_prefix(list(tokens)).indices)
+
+
+def free_port_pair() -> int:
+    """A base port p with p and p + 1 free (PUB and replay of DP rank 0)."""
+    for _ in range(100):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            base = int(a.getsockname()[1])
+            try:
+                with socket.socket() as b:
+                    b.bind(("127.0.0.1", base + 1))
+            except OSError:
+                continue
+        return base
+    raise RuntimeError("no free port pair")
+
+
+class Replica:
+    """A RadixCache whose events go out through the engine's publisher, one batch per flush;
+    `serve()` answers replay requests the way the scheduler loop does."""
+
+    def __init__(self, port: int, page_size: int = 1, pool: int = 4096, **publisher) -> None:
+        self.cache = make_cache(page_size, pool)
+        self.pub = ZmqKVEventPublisher("127.0.0.1", port, **publisher)
+        self.kv = KVEndpoint(0, self.pub.endpoint, self.pub.replay_endpoint)
+        self._server: asyncio.Task[None] | None = None
+
+    @property
+    def last_seq(self) -> int:
+        return self.pub.next_seq - 1
+
+    def insert(self, tokens: Sequence[int]) -> None:
+        cache_insert(self.cache, tokens)
+        self.flush()
+
+    def flush(self) -> None:
+        events = self.cache.take_events()
+        if events:
+            self.pub.publish(events)
+
+    def serve(self) -> None:
+        self._server = asyncio.get_running_loop().create_task(self._serve())
+
+    async def _serve(self) -> None:
+        while True:
+            self.pub.serve_replay(0)
+            await asyncio.sleep(0.002)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._server
+        self.pub.close()
