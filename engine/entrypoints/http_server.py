@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 
 from radixserve.engine.entrypoints.generation import (
     collect,
@@ -23,7 +24,12 @@ from radixserve.engine.entrypoints.http_errors import (
     install_error_handlers,
     read_json_object,
 )
+from radixserve.engine.entrypoints.openai_protocol import (
+    ChatCompletionRequest,
+    describe_validation_error,
+)
 from radixserve.engine.entrypoints.openai_routes import install_openai_routes
+from radixserve.engine.entrypoints.openai_serving import chat_prompt
 from radixserve.engine.entrypoints.server_state import ServerState
 from radixserve.engine.managers.tokenizer_manager import GenerateInput, RequestError
 
@@ -67,6 +73,43 @@ def _body_inputs(state: ServerState, body: dict[str, Any]) -> tuple[list[Generat
         for (p_text, p_ids), sp in zip(prompts, per, strict=True)
     ]
     return expand_n(inputs), bool(single) and len(inputs) == 1
+
+
+def _tokenize_body(state: ServerState, body: dict[str, Any]) -> list[int]:
+    """/tokenize: a text prompt as /generate encodes it, or (vLLM's form) chat `messages` as
+    /v1/chat/completions templates and encodes them."""
+    if "messages" not in body:
+        prompt = body.get("prompt", body.get("text"))
+        if not isinstance(prompt, str):
+            raise RequestError("prompt: expected a string (or pass 'messages')")
+        return state.tokenizer_manager.tokenize(prompt)
+    try:
+        req = ChatCompletionRequest.model_validate(
+            {"messages": body["messages"], "chat_template_kwargs": body.get("chat_template_kwargs")}
+        )
+    except ValidationError as exc:
+        raise RequestError(describe_validation_error(exc)) from None
+    add_prompt = body.get("add_generation_prompt", True)
+    if not isinstance(add_prompt, bool):
+        raise RequestError("add_generation_prompt: expected a boolean")
+    return chat_prompt(state, req.messages, req.chat_template_kwargs, add_prompt)[1]
+
+
+def tokenizer_info(tokenizer: Any) -> dict[str, Any]:
+    """What a torch-free router needs to tokenize exactly as this engine does (see
+    radixserve.router.tokenization): the fast tokenizer's own JSON (its post-processor already
+    holds add_bos/add_eos), the chat template and the variables transformers passes to it."""
+    return {
+        "tokenizer_json": tokenizer.backend_tokenizer.to_str(),
+        "chat_template": getattr(tokenizer, "chat_template", None),
+        "bos_token": getattr(tokenizer, "bos_token", None),
+        "eos_token": getattr(tokenizer, "eos_token", None),
+        "special_tokens": dict(tokenizer.special_tokens_map),
+        "split_special_tokens": bool(getattr(tokenizer, "split_special_tokens", False)),
+        "add_bos_token": bool(getattr(tokenizer, "add_bos_token", False)),
+        "add_eos_token": bool(getattr(tokenizer, "add_eos_token", False)),
+        "tokenizer_class": type(tokenizer).__name__,
+    }
 
 
 def native_output(chunk: dict[str, Any], return_logprob: bool) -> dict[str, Any]:
@@ -163,15 +206,17 @@ def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
         body = await read_json_object(request)
-        prompt = body.get("prompt", body.get("text"))
-        if not isinstance(prompt, str):
-            raise RequestError("prompt: expected a string")
-        ids = st(request).tokenizer_manager.tokenize(prompt)
+        state = st(request)
+        ids = _tokenize_body(state, body)
         return {
             "tokens": ids,
             "count": len(ids),
-            "max_model_len": st(request).model_info["context_length"],
+            "max_model_len": state.model_info["context_length"],
         }
+
+    @app.get("/get_tokenizer")
+    async def get_tokenizer(request: Request) -> dict[str, Any]:
+        return tokenizer_info(st(request).tokenizer)
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from radixserve.engine.entrypoints.http_errors import error_response
 from radixserve.engine.entrypoints.openai_protocol import (
     COMPLETION_DEFAULT_MAX_TOKENS,
     ChatCompletionRequest,
+    ChatMessage,
     CompletionRequest,
     TokenText,
     chat_logprobs,
@@ -236,17 +237,25 @@ def _completion_stream(
 # ---- /v1/chat/completions -----------------------------------------------------------------------
 
 
-def _chat_prompt(state: Any, req: ChatCompletionRequest) -> tuple[str, list[int]]:
-    """Templated text and its ids (no second BOS when the template already starts with one)."""
+def chat_prompt(
+    state: Any,
+    messages: list[ChatMessage],
+    template_kwargs: dict[str, Any] | None,
+    add_generation_prompt: bool = True,
+) -> tuple[str, list[int]]:
+    """Templated text and its ids (no second BOS when the template already starts with one).
+
+    The one path from chat messages to prompt ids: /v1/chat/completions and /tokenize use it.
+    """
     tokenizer = state.tokenizer
     if getattr(tokenizer, "chat_template", None) is None:
         raise RequestError("messages: this model has no chat template")
     try:
         text = tokenizer.apply_chat_template(
-            message_dicts(req.messages),
+            message_dicts(messages),
             tokenize=False,
-            add_generation_prompt=True,
-            **(req.chat_template_kwargs or {}),
+            add_generation_prompt=add_generation_prompt,
+            **(template_kwargs or {}),
         )
     except RequestError:
         raise
@@ -274,7 +283,7 @@ async def create_chat_completion(request: Request) -> Response:
     check_model(req, state.args.model_name)
     _check_chat(req)
     tm = state.tokenizer_manager
-    text, ids = _chat_prompt(state, req)
+    text, ids = chat_prompt(state, req.messages, req.chat_template_kwargs)
     max_tokens = (
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
