@@ -35,15 +35,29 @@ FORWARDED_HEADERS = ("authorization", "x-request-id", "traceparent")
 NO_WORKER_RETRY_AFTER_S = 5
 
 
+# The engine's error shape, so a client sees the same JSON from the router and a replica.
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    502: "BadGatewayError",
+    503: "ServiceUnavailableError",
+}
+
+
+def error_body(message: str, status: int) -> dict[str, Any]:
+    kind = _ERROR_TYPES.get(status, "Error")
+    return {"object": "error", "message": message, "type": kind, "code": status}
+
+
 def error_response(message: str, status: int, headers: Mapping[str, str] | None = None) -> Response:
-    """An error in OpenAI's shape, so SDK clients surface the message."""
-    kind = "invalid_request_error" if status < 500 else "service_unavailable"
-    body = {"error": {"message": message, "type": kind, "code": status}}
+    body = error_body(message, status)
     return JSONResponse(body, status_code=status, headers=dict(headers or {}))
 
 
 def sse_error(message: str) -> bytes:
-    event = {"error": {"message": message, "type": "upstream_error", "code": 502}}
+    """The engine's in-stream error event, then the end marker clients wait for."""
+    event = {"error": error_body(message, 502)}
     return f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode()
 
 
