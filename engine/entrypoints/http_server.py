@@ -47,15 +47,17 @@ def _body_inputs(state: ServerState, body: dict[str, Any]) -> tuple[list[Generat
     single = isinstance(text, str) or (isinstance(ids, list) and ids and isinstance(ids[0], int))
     tm = state.tokenizer_manager
     if text is not None:
-        texts = [text] if isinstance(text, str) else list(text)
-        if not all(isinstance(t, str) for t in texts):
+        texts = [text] if isinstance(text, str) else text
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
             raise RequestError("text: expected a string or a list of strings")
         prompts = [(t, tm.tokenize(t)) for t in texts]
     else:
         lists = [ids] if single else ids
         if not isinstance(lists, list) or not all(isinstance(x, list) for x in lists):
             raise RequestError("input_ids: expected a list of ints or a list of lists")
-        prompts = [(None, [int(t) for t in x]) for x in lists]
+        if not all(isinstance(t, int) for x in lists for t in x):
+            raise RequestError("input_ids: token ids must be integers")
+        prompts = [(None, list(x)) for x in lists]
     params = body.get("sampling_params") or {}
     if isinstance(params, list) and len(params) != len(prompts):
         raise RequestError(f"sampling_params: {len(params)} entries for {len(prompts)} prompts")
