@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -17,6 +18,7 @@ from radixserve.engine.mem_cache.radix_cache import RadixCache
 from radixserve.router.targets import KVEndpoint
 
 CPU = torch.device("cpu")
+SYNC_TIMEOUT_S = 20.0
 
 
 def make_cache(page_size: int, pool: int) -> RadixCache:
@@ -68,9 +70,11 @@ class Replica:
     """A RadixCache whose events go out through the engine's publisher, one batch per flush;
     `serve()` answers replay requests the way the scheduler loop does."""
 
-    def __init__(self, port: int, page_size: int = 1, pool: int = 4096, **publisher) -> None:
+    def __init__(  # noqa: PLR0913
+        self, port: int, page_size: int = 1, pool: int = 4096, host: str = "127.0.0.1", **publisher
+    ) -> None:
         self.cache = make_cache(page_size, pool)
-        self.pub = ZmqKVEventPublisher("127.0.0.1", port, **publisher)
+        self.pub = ZmqKVEventPublisher(host, port, **publisher)
         self.kv = KVEndpoint(0, self.pub.endpoint, self.pub.replay_endpoint)
         self._server: asyncio.Task[None] | None = None
 
@@ -101,3 +105,19 @@ class Replica:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._server
         self.pub.close()
+
+
+Poke = Callable[[], None] | None
+
+
+async def until(cond: Callable[[], bool], what: str, poke: Poke = None) -> None:
+    """Wait for cond; `poke` publishes another batch now and then (a subscriber only acts on
+    what it receives, and a batch sent before it joined is not received)."""
+    deadline = time.monotonic() + SYNC_TIMEOUT_S
+    next_poke = time.monotonic() + 0.2
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out: {what}"
+        if poke is not None and time.monotonic() > next_poke:
+            poke()
+            next_poke = time.monotonic() + 0.2
+        await asyncio.sleep(0.01)

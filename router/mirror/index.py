@@ -1,0 +1,183 @@
+"""CacheIndex: the router's view of what every target caches, one tree per target.
+
+A target with a KV-event endpoint gets a MirrorTree kept exact by a KVEventSubscriber ("events"
+mode); one without gets an ApproxTree of the prompts routed to it ("approx" mode, sgl-router's
+fallback). `match` encodes the prompt once and walks each target's tree: the cached prefix in
+tokens, page-aligned like the engine's own match. Everything runs on the event loop, no thread:
+the trees are only touched between awaits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import zmq.asyncio
+
+from radixserve.protocol.kv_events import KVEventBatch
+from radixserve.router.mirror.approx import ApproxTree
+from radixserve.router.mirror.subscriber import REPLAY_TIMEOUT_S, KVEventSubscriber
+from radixserve.router.mirror.tree import DEFAULT_MAX_ORPHANS, MirrorTree, encode_tokens
+from radixserve.router.targets import KVEndpoint, TargetKey, reachable_endpoint
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_APPROX_MAX_TOKENS = 1 << 22
+
+
+@dataclass(frozen=True)
+class TargetCacheStats:
+    """One target's cache view, for /metrics. Approx mode has no stream: seq -1, no resets."""
+
+    mode: str  # "events" | "approx"
+    num_tokens: int
+    num_blocks: int
+    last_seq: int = -1
+    resets: int = 0
+    replays: int = 0
+
+
+@dataclass(frozen=True)
+class _Target:
+    page_size: int
+    kv: KVEndpoint | None
+    tree: MirrorTree | ApproxTree
+    subscriber: KVEventSubscriber | None
+
+
+def _dialable(kv: KVEndpoint, worker_url: str) -> KVEndpoint:
+    """An engine bound to 0.0.0.0 advertises that; dial the worker's host instead (tcp only)."""
+
+    def fix(ep: str | None) -> str | None:
+        return reachable_endpoint(ep, worker_url) if ep and ep.startswith("tcp://") else ep
+
+    endpoint = fix(kv.endpoint) or kv.endpoint
+    return KVEndpoint(kv.dp_rank, endpoint, fix(kv.replay_endpoint), kv.topic)
+
+
+class CacheIndex:
+    def __init__(
+        self,
+        approx_max_tokens: int = DEFAULT_APPROX_MAX_TOKENS,
+        ctx: zmq.asyncio.Context | None = None,
+        replay_timeout_s: float = REPLAY_TIMEOUT_S,
+        max_orphans: int = DEFAULT_MAX_ORPHANS,
+    ) -> None:
+        ApproxTree(approx_max_tokens)  # fail fast: ValueError naming max_tokens
+        self.approx_max_tokens = approx_max_tokens
+        self.replay_timeout_s = replay_timeout_s
+        self.max_orphans = max_orphans
+        self._own_ctx = ctx is None
+        self._ctx = ctx if ctx is not None else zmq.asyncio.Context()
+        self._targets: dict[TargetKey, _Target] = {}
+        self._started = False
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the subscribers of the targets added so far; later ones start when added."""
+        self._started = True
+        for target in self._targets.values():
+            if target.subscriber is not None:
+                target.subscriber.start()
+
+    async def aclose(self) -> None:
+        for key in list(self._targets):
+            await self.remove_target(key)
+        self._started = False
+        if self._own_ctx:
+            self._ctx.term()
+
+    # ---- targets ------------------------------------------------------------------------------
+
+    def add_target(self, key: TargetKey, page_size: int, kv: KVEndpoint | None = None) -> None:
+        """Follow a target: by its KV events when `kv` is given, else approximately. Adding the
+        same target again with the same settings does nothing; with others is an error."""
+        if not isinstance(page_size, int) or page_size < 1:
+            raise ValueError(f"page_size: must be an integer ≥ 1, got {page_size!r}")
+        if kv is not None:
+            kv = _dialable(kv, key[0])
+        known = self._targets.get(key)
+        if known is not None:
+            if (known.page_size, known.kv) != (page_size, kv):
+                raise ValueError(f"key: target {key} is already followed; remove it first")
+            return
+        if kv is None:
+            self._targets[key] = _Target(page_size, None, ApproxTree(self.approx_max_tokens), None)
+            return
+        tree = MirrorTree(page_size, self.max_orphans)
+        name = f"{key[0]}#{key[1]}"
+        subscriber = KVEventSubscriber(
+            kv,
+            on_batch=lambda batch: self._apply(name, tree, batch),
+            on_reset=tree.clear,
+            ctx=self._ctx,
+            replay_timeout_s=self.replay_timeout_s,
+            name=name,
+        )
+        self._targets[key] = _Target(page_size, kv, tree, subscriber)
+        if self._started:
+            subscriber.start()
+
+    async def remove_target(self, key: TargetKey) -> None:
+        """Stop following a target (its subscriber ends, its tree is dropped); unknown: no-op."""
+        target = self._targets.pop(key, None)
+        if target is not None and target.subscriber is not None:
+            await target.subscriber.aclose()
+
+    def keys(self) -> list[TargetKey]:
+        return list(self._targets)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._targets
+
+    # ---- the router's calls -------------------------------------------------------------------
+
+    def match(self, tokens: Sequence[int], keys: Iterable[TargetKey]) -> dict[TargetKey, int]:
+        """Cached prefix length in tokens per target (0 for a target not followed)."""
+        q = encode_tokens(tokens)
+        out: dict[TargetKey, int] = {}
+        for key in keys:
+            target = self._targets.get(key)
+            if target is None:
+                out[key] = 0
+            elif target.subscriber is not None:
+                out[key] = target.tree.match_encoded(q)
+            else:  # the engine matches whole pages only
+                n = target.tree.match_encoded(q)
+                out[key] = n - n % target.page_size
+        return out
+
+    def on_routed(self, key: TargetKey, tokens: Sequence[int]) -> None:
+        """A prompt was sent to `key`: approx targets remember it; mirrors learn by events."""
+        target = self._targets.get(key)
+        if target is not None and isinstance(target.tree, ApproxTree):
+            target.tree.insert(tokens)
+
+    def stats(self) -> dict[TargetKey, TargetCacheStats]:
+        out: dict[TargetKey, TargetCacheStats] = {}
+        for key, t in self._targets.items():
+            sub = t.subscriber
+            if sub is None:
+                n = t.tree.num_tokens
+                out[key] = TargetCacheStats("approx", n, n // t.page_size)
+            else:
+                assert isinstance(t.tree, MirrorTree)
+                out[key] = TargetCacheStats(
+                    "events",
+                    t.tree.num_tokens,
+                    t.tree.num_blocks,
+                    sub.last_seq,
+                    sub.resets,
+                    sub.replays,
+                )
+        return out
+
+    @staticmethod
+    def _apply(name: str, tree: MirrorTree, batch: KVEventBatch) -> None:
+        for event in batch.events:
+            try:
+                tree.apply(event)
+            except ValueError as exc:  # one bad event must not cost the rest of the batch
+                logger.warning("KV events %s: event skipped: %s", name, exc)

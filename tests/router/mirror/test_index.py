@@ -1,0 +1,133 @@
+"""CacheIndex: per-target cached prefixes from live event streams (exact, equal to each
+replica's own RadixCache) and from routed prompts (approx), stats, and target lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from radixserve.router.mirror.index import CacheIndex
+from radixserve.router.targets import KVEndpoint, TargetKey
+from tests.router.mirror.replica import Replica, engine_match, free_port_pair, until
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(scenario())
+
+
+def task_names() -> set[str]:
+    return {t.get_name() for t in asyncio.all_tasks()}
+
+
+class Traffic:
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.system = [self.rng.randrange(30_000) for _ in range(64)]
+
+    def prompt(self) -> list[int]:
+        return self.system + [
+            self.rng.randrange(30_000) for _ in range(self.rng.randrange(50, 150))
+        ]
+
+
+def synced(index: CacheIndex, key: TargetKey, replica: Replica) -> bool:
+    s = index.stats()[key]
+    return s.last_seq == replica.last_seq and s.num_tokens == replica.cache.total_size()
+
+
+def test_mirror_and_approx_targets_side_by_side() -> None:
+    async def scenario() -> None:
+        traffic = Traffic(1)
+        r1, r4 = Replica(free_port_pair(), 1, pool=2000), Replica(free_port_pair(), 4, pool=2000)
+        a, b, c = ("http://127.0.0.1:1", 0), ("http://127.0.0.1:2", 0), ("http://127.0.0.1:3", 0)
+        index = CacheIndex(approx_max_tokens=10_000)
+        index.add_target(a, 1, r1.kv)  # before start(): its subscriber starts with the index
+        await index.start()
+        index.add_target(b, 16)  # no KV events: approx
+        index.add_target(c, 4, r4.kv)  # after start(): starts at once
+        assert {f"kv-events {a[0]}#0", f"kv-events {c[0]}#0"} <= task_names()
+        for r in (r1, r4):
+            r.serve()
+        sent = []
+        for _ in range(25):
+            sent.append(traffic.prompt())
+            r1.insert(sent[-1])
+            r4.insert(sent[-1])
+        await until(lambda: synced(index, a, r1), "a", lambda: r1.insert(traffic.prompt()))
+        await until(lambda: synced(index, c, r4), "c", lambda: r4.insert(traffic.prompt()))
+
+        for q in [*sent, traffic.prompt(), traffic.system[:40]]:
+            got = index.match(q, [a, b, c, ("http://127.0.0.1:4", 0)])
+            want = {a: engine_match(r1.cache, q), b: 0, c: engine_match(r4.cache, q)}
+            assert got == {**want, ("http://127.0.0.1:4", 0): 0}
+
+        q = sent[0]
+        before = index.match(q, [a])[a]
+        index.on_routed(a, q + [1, 2, 3])  # a mirror learns from its events only
+        index.on_routed(b, q)
+        assert index.match(q + [7], [a, b]) == {a: before, b: len(q) // 16 * 16}
+
+        stats = index.stats()
+        assert (stats[a].mode, stats[b].mode, stats[c].mode) == ("events", "approx", "events")
+        assert stats[a].num_blocks == len(r1.cache.cached_page_hashes())
+        assert stats[c].num_blocks * 4 == stats[c].num_tokens == r4.cache.total_size()
+        assert stats[b].num_tokens == len(q) and stats[b].last_seq == -1
+        assert stats[a].resets == 0 and stats[a].replays <= 1
+
+        await index.remove_target(a)
+        assert f"kv-events {a[0]}#0" not in task_names()
+        assert a not in index and a not in index.stats()
+        assert index.match(q, [a]) == {a: 0}
+        await index.aclose()
+        assert not any(name.startswith("kv-events") for name in task_names())
+        for r in (r1, r4):
+            await r.close()
+
+    run(scenario)
+
+
+def test_an_engine_bound_to_all_interfaces_is_dialled_at_the_workers_host() -> None:
+    async def scenario() -> None:
+        traffic, port = Traffic(2), free_port_pair()
+        replica = Replica(port, host="127.0.0.2")  # dialling 0.0.0.0 would reach 127.0.0.1
+        replica.serve()
+        key = ("http://127.0.0.2:9", 0)
+        kv = KVEndpoint(0, f"tcp://0.0.0.0:{port}", f"tcp://0.0.0.0:{port + 1}")
+        index = CacheIndex()
+        await index.start()
+        index.add_target(key, 1, kv)
+        for _ in range(5):
+            replica.insert(traffic.prompt())
+        await until(
+            lambda: synced(index, key, replica), "synced", lambda: replica.insert(traffic.prompt())
+        )
+        assert index.stats()[key].num_tokens > 0
+        await index.aclose()
+        await replica.close()
+
+    run(scenario)
+
+
+def test_bad_arguments_name_the_field() -> None:
+    async def scenario() -> None:
+        index = CacheIndex()
+        key = ("http://127.0.0.1:1", 0)
+        with pytest.raises(ValueError, match="page_size"):
+            index.add_target(key, 0)
+        index.add_target(key, 16)
+        index.add_target(key, 16)  # same settings: nothing to do
+        with pytest.raises(ValueError, match="key"):
+            index.add_target(key, 16, KVEndpoint(0, "tcp://127.0.0.1:1"))
+        with pytest.raises(ValueError, match="tokens"):
+            index.match([1, -1], [key])
+        await index.remove_target(("http://127.0.0.1:2", 0))  # unknown: no-op
+        await index.aclose()
+        with pytest.raises(ValueError, match="max_tokens"):
+            CacheIndex(approx_max_tokens=-1)
+
+    run(scenario)
