@@ -345,3 +345,29 @@ def test_plain_install_is_the_chart_render() -> None:
     assert load_yaml_documents(PLAIN_INSTALL) == plain_install_objects(), (
         "manifests/operator.yaml is stale: run .venv/bin/python tests/deploy/render.py"
     )
+
+
+def test_e2e_values_install_local_images() -> None:
+    """The kind suite's values file and --set flags pass the schema and pin every image."""
+    from tests.e2e.kind import KIND_VALUES, helm_sets, image_name
+
+    values = helm_python.values_from_yaml(KIND_VALUES.read_text())
+    for assignment in helm_sets("t1"):  # what `helm --set` does, in order
+        values = _deep_merge(values, helm_python.parse_set_string(assignment))
+    objects = render_objects(values, name="radixserve", namespace="radixserve-system")
+    container = _container(objects)
+    assert container["image"] == image_name("operator", "t1")
+    assert container["imagePullPolicy"] == "Never"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["RADIXSERVE_ENGINE_IMAGE"] == image_name("engine", "t1")
+    assert env["RADIXSERVE_ROUTER_IMAGE"] == image_name("router", "t1")
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
