@@ -159,17 +159,20 @@ class WorkerRegistry:
 
     async def probe(self, worker: Worker) -> None:
         """Fetch `/server_info` and `/model_info`; raises httpx errors or ValueError."""
-        timeout = self.config.health_check_timeout_s
-        info = await self._get_json(worker, "/server_info", timeout)
-        model = await self._get_json(worker, "/model_info", timeout)
+        info = await self._get_json(worker, "/server_info")
+        model = await self._get_json(worker, "/model_info")
         worker.page_size = int(info.get("page_size") or 1)
         worker.dp_size = max(1, int(info.get("dp_size") or 1))
         worker.model_name = model.get("served_model_name") or info.get("served_model_name")
         found = parse_kv_endpoints(info, worker.url)
         worker.kv_endpoints = worker.kv_override if worker.kv_override is not None else found
 
-    async def _get_json(self, worker: Worker, path: str, timeout: float) -> dict[str, Any]:
-        resp = await self.client.get(worker.url + path, headers=worker.headers(), timeout=timeout)
+    async def _get(self, worker: Worker, path: str) -> httpx.Response:
+        timeout = self.config.health_check_timeout_s
+        return await self.client.get(worker.url + path, headers=worker.headers(), timeout=timeout)
+
+    async def _get_json(self, worker: Worker, path: str) -> dict[str, Any]:
+        resp = await self._get(worker, path)
         resp.raise_for_status()
         body = resp.json()
         if not isinstance(body, dict):
@@ -179,12 +182,7 @@ class WorkerRegistry:
     async def check(self, worker: Worker) -> None:
         """One active health check, with the thresholds of the config."""
         try:
-            resp = await self.client.get(
-                worker.url + "/health",
-                headers=worker.headers(),
-                timeout=self.config.health_check_timeout_s,
-            )
-            ok = resp.status_code == 200
+            ok = (await self._get(worker, "/health")).status_code == 200
         except httpx.HTTPError:
             ok = False
         if ok:
@@ -243,11 +241,7 @@ class WorkerRegistry:
 
     async def poll_load(self, worker: Worker) -> None:
         try:
-            resp = await self.client.get(
-                worker.url + "/get_load",
-                headers=worker.headers(),
-                timeout=self.config.health_check_timeout_s,
-            )
+            resp = await self._get(worker, "/get_load")
             resp.raise_for_status()
             body = resp.json()
         except (httpx.HTTPError, ValueError):
