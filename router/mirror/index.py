@@ -28,7 +28,8 @@ DEFAULT_APPROX_MAX_TOKENS = 1 << 22
 
 @dataclass(frozen=True)
 class TargetCacheStats:
-    """One target's cache view, for /metrics. Approx mode has no stream: seq -1, no resets."""
+    """One target's cache view, for /metrics. Approx mode has no stream (last_seq -1, no
+    resets or replays) and counts num_blocks as num_tokens // page_size."""
 
     mode: str  # "events" | "approx"
     num_tokens: int
@@ -87,7 +88,7 @@ class CacheIndex:
             await self.remove_target(key)
         self._started = False
         if self._own_ctx:
-            self._ctx.term()
+            self._ctx.destroy(linger=0)
 
     # ---- targets ------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 import msgspec
@@ -38,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 RCVHWM = 100_000  # batches queued on our side before ZMQ drops (a gap we then replay)
 REPLAY_TIMEOUT_S = 5.0
-REPLAY_YIELD_EVERY = 64  # batches applied between yields while catching up
+YIELD_EVERY_S = 0.005  # longest run of batch applying before the router's requests get a turn
 
 
 class KVEventSubscriber:
@@ -72,6 +73,7 @@ class KVEventSubscriber:
         self._expected: dict[int, bytes] = {}  # replayed batches the live stream will repeat
         self._reconnected = False
         self._task: asyncio.Task[None] | None = None
+        self._last_yield = 0.0
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -119,6 +121,7 @@ class KVEventSubscriber:
                     await self._on_message(frames)
                 except Exception:  # a bad batch must not end the stream
                     logger.exception("KV events %s: could not handle a batch", self.name)
+                await self._share_loop()
         finally:
             with contextlib.suppress(zmq.ZMQError):  # the context may be gone already
                 sub.disable_monitor()
@@ -168,6 +171,7 @@ class KVEventSubscriber:
     async def _catch_up(self, seq: int, payload: bytes) -> None:
         """Apply what precedes the live batch `seq` (by replay), then the batch itself."""
         self._expected.clear()
+        already_reset = False
         history = await self._replay(max(self.last_seq, 0))
         if history is not None and self.last_seq >= 0 and not self._continues(history):
             logger.warning(
@@ -177,6 +181,7 @@ class KVEventSubscriber:
                 self.last_seq,
             )
             self._reset()
+            already_reset = True
             history = await self._replay(0)
         if history is None:
             logger.warning(
@@ -184,7 +189,8 @@ class KVEventSubscriber:
                 self.name,
                 seq,
             )
-            self._reset()
+            if not already_reset:
+                self._reset()
             self._apply(seq, payload)
             return
         if self.last_seq < 0 and (not history or history[0][0] != 0):
@@ -194,16 +200,23 @@ class KVEventSubscriber:
                 self.name,
                 history[0][0] if history else seq,
             )
-        for i, (s, p) in enumerate(history):
+        for s, p in history:
             if s <= self.last_seq:
                 continue
             if s > seq:
                 self._expected[s] = p
             self._apply(s, p)
-            if i % REPLAY_YIELD_EVERY == REPLAY_YIELD_EVERY - 1:
-                await asyncio.sleep(0)  # a long replay must not stall the router's requests
+            await self._share_loop()
         if seq > self.last_seq:
             self._apply(seq, payload)
+
+    async def _share_loop(self) -> None:
+        """Yield to the event loop now and then: queued or replayed batches arrive without
+        waiting, and applying thousands in a row would stall the router's requests."""
+        now = time.monotonic()
+        if now - self._last_yield > YIELD_EVERY_S:
+            await asyncio.sleep(0)
+            self._last_yield = time.monotonic()
 
     def _continues(self, history: list[tuple[int, bytes]]) -> bool:
         return bool(history) and history[0] == (self.last_seq, self._last_payload)
