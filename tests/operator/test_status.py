@@ -1,0 +1,107 @@
+"""Status: conditions, phase and counts computed from the Deployments' own reports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixserve.operator.status import Observation, Problem, compute_status, status_changed
+
+
+def deployment(name: str, desired: int, ready: int, gen: int = 1, seen: int = 1) -> dict[str, Any]:
+    status = {"replicas": desired, "readyReplicas": ready, "updatedReplicas": desired}
+    status["observedGeneration"] = seen
+    return {
+        "metadata": {"name": name, "generation": gen},
+        "spec": {"replicas": desired},
+        "status": status,
+    }
+
+
+def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+def observe(**kwargs: Any) -> Observation:
+    base: dict[str, Any] = {"name": "chat", "namespace": "llm", "generation": 4}
+    base |= {"suspended": False, "engine": None, "router": None}
+    return Observation(**(base | kwargs))
+
+
+def test_nothing_created_yet_is_pending_progress() -> None:
+    status = compute_status(observe(), "2026-01-01T00:00:00Z")
+    assert conditions(status)["EngineReady"] == ("False", "NotCreated")
+    assert conditions(status)["Progressing"][0] == "True"
+    assert status["phase"] == "Progressing"
+    assert status["observedGeneration"] == 4
+    assert status["url"] == "http://chat.llm.svc.cluster.local:80"
+    assert status["selector"] == (
+        "app.kubernetes.io/component=engine,app.kubernetes.io/instance=chat,"
+        "app.kubernetes.io/name=radixserve"
+    )
+
+
+def test_ready_when_every_replica_is_ready() -> None:
+    obs = observe(engine=deployment("chat-engine", 2, 2), router=deployment("chat-router", 1, 1))
+    status = compute_status(obs, "t1")
+    assert conditions(status) == {
+        "Ready": ("True", "Ready"),
+        "EngineReady": ("True", "ReplicasReady"),
+        "RouterReady": ("True", "ReplicasReady"),
+        "Progressing": ("False", "Complete"),
+        "Degraded": ("False", "AsExpected"),
+    }
+    assert (status["phase"], status["replicas"], status["readyReplicas"]) == ("Ready", 2, 2)
+
+
+def test_partly_ready_engine_and_unseen_generation_are_progressing() -> None:
+    obs = observe(
+        engine=deployment("chat-engine", 3, 2, gen=2, seen=1),
+        router=deployment("chat-router", 1, 1),
+    )
+    status = compute_status(obs, "t1")
+    assert conditions(status)["Ready"] == ("False", "EngineNotReady")
+    assert conditions(status)["Progressing"] == ("True", "RollingOut")
+    ready = next(c for c in status["conditions"] if c["type"] == "EngineReady")
+    assert ready["message"] == "2/3 engine replicas ready"
+
+
+def test_stalled_rollout_and_invalid_spec_are_degraded() -> None:
+    engine = deployment("chat-engine", 1, 0)
+    engine["status"]["conditions"] = [
+        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}
+    ]
+    status = compute_status(observe(engine=engine), "t")
+    assert conditions(status)["Degraded"] == ("True", "ProgressDeadlineExceeded")
+    assert status["phase"] == "Degraded"
+
+    bad = compute_status(observe(problem=Problem("InvalidSpec", "spec.x: no")), "t")
+    assert conditions(bad)["Degraded"] == ("True", "InvalidSpec")
+    assert conditions(bad)["Ready"] == ("False", "InvalidSpec")
+    assert conditions(bad)["Progressing"] == ("False", "InvalidSpec")
+
+
+def test_suspended_phase() -> None:
+    obs = observe(
+        suspended=True,
+        engine=deployment("chat-engine", 0, 0),
+        router=deployment("chat-router", 0, 0),
+    )
+    status = compute_status(obs, "t")
+    assert status["phase"] == "Suspended"
+    assert conditions(status)["EngineReady"] == ("False", "Suspended")
+    assert conditions(status)["Progressing"] == ("False", "Suspended")
+
+
+def test_transition_times_move_only_on_flips() -> None:
+    engine, router = deployment("chat-engine", 1, 1), deployment("chat-router", 1, 1)
+    first = compute_status(observe(engine=engine, router=router), "t1")
+    same = compute_status(observe(engine=engine, router=router, previous=first), "t2")
+    assert same == first
+    assert not status_changed(first, same)
+    down = compute_status(
+        observe(engine=deployment("chat-engine", 1, 0), router=router, previous=first), "t3"
+    )
+    times = {c["type"]: c["lastTransitionTime"] for c in down["conditions"]}
+    assert times["EngineReady"] == "t3" and times["Ready"] == "t3"
+    assert times["RouterReady"] == "t1" and times["Degraded"] == "t1"
+    assert status_changed(first, down)
