@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from radixserve.bench.cli import add_bench_parser
 from radixserve.demo import add_demo_parser
 from radixserve.local_stack import add_up_parser
+from radixserve.operator_cli import add_operator_parser
 from radixserve.router_cli import add_router_parser
 from radixserve.serve_cli import add_serve_parser
 
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_demo_parser(sub)
     add_bench_parser(sub)
     add_serve_parser(sub)
+    add_operator_parser(sub)
     add_router_parser(sub)
     add_up_parser(sub)
     return parser
