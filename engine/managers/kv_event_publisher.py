@@ -98,10 +98,9 @@ class ZmqKVEventPublisher:
         seq = self.next_seq
         self.next_seq += 1
         self.buffer.append((seq, payload))
-        try:
-            self.pub.send_multipart((self.topic, seq_to_bytes(seq), payload), flags=zmq.NOBLOCK)
-        except zmq.Again:  # HWM reached: subscribers find the gap and replay
-            logger.warning("KV events: PUB queue full, batch %d dropped from the stream", seq)
+        # A PUB socket never blocks or raises at its high-water mark: it drops the message for
+        # that subscriber, which sees the seq gap and replays from the ring buffer.
+        self.pub.send_multipart((self.topic, seq_to_bytes(seq), payload), flags=zmq.NOBLOCK)
         return seq
 
     # ---- replay -------------------------------------------------------------------------------
