@@ -314,3 +314,26 @@ def test_delete_removes_children_and_the_finalizer() -> None:
             await eventually(gone, "InferenceService and children deleted")
 
     run(scenario)
+
+
+def test_a_foreign_object_in_the_way_is_reported_and_left_alone() -> None:
+    async def scenario() -> None:
+        async with operator() as k8s:
+            theirs = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "chat"}}
+            theirs["spec"] = {"ports": [{"port": 9999}]}
+            await k8s.send("POST", SERVICES, theirs)
+            await k8s.create("chat", SMOLLM_CPU)
+
+            async def degraded() -> dict[str, Any] | None:
+                isvc = await k8s.get(f"{ISVCS}/chat")
+                return (
+                    isvc if condition(isvc, "Degraded").get("reason") == "ForeignObject" else None
+                )
+
+            isvc = await eventually(degraded, "Degraded ForeignObject")
+            assert "Service chat already exists" in condition(isvc, "Degraded")["message"]
+            svc = await k8s.get(f"{SERVICES}/chat")
+            assert svc["spec"]["ports"] == [{"port": 9999}]
+            assert "ownerReferences" not in svc["metadata"]
+
+    run(scenario)
