@@ -3,6 +3,8 @@
 One asyncio task per target (zmq.asyncio, no thread). The publisher numbers its batches from 0
 (engine `ZmqKVEventPublisher`, SGLang's `ZmqEventPublisher`); frames are
 `[topic, seq (8-byte big-endian signed), msgpack KVEventBatch]`. Per live batch:
+- On connect, the replay socket's whole buffer is applied first (a warm, idle replica is
+  mirrored at once, not at its next batch).
 - seq = last + 1: apply it.
 - a gap (seq > last + 1), or a first batch that is not seq 0: fetch the missing batches from the
   replay socket (a DEALER: send the 8-byte start seq, read `[seq, payload]` until seq -1), apply
@@ -114,6 +116,7 @@ class KVEventSubscriber:
             except zmq.ZMQError as exc:  # e.g. a malformed endpoint: nothing to retry
                 logger.error("KV events %s: cannot connect: %s", self.name, exc)
                 return
+            await self._initial_sync()
             while True:
                 frames = await sub.recv_multipart()
                 await self._drain_monitor(monitor)
@@ -127,6 +130,25 @@ class KVEventSubscriber:
                 sub.disable_monitor()
             monitor.close(linger=0)
             sub.close(linger=0)
+
+    async def _initial_sync(self) -> None:
+        """Take what the replica holds now from its replay buffer, without waiting for its next
+        batch: an idle replica may publish nothing for a long time, and a router that starts
+        (or restarts) next to warm replicas should see their caches at once."""
+        history = await self._replay(0)
+        if not history:
+            return
+        if history[0][0] != 0:
+            logger.warning(
+                "KV events %s: batches before %d are no longer buffered by the replica; "
+                "the mirror starts from there",
+                self.name,
+                history[0][0],
+            )
+        for seq, payload in history:
+            self._expected[seq] = payload  # the live stream may repeat the newest of these
+            self._apply(seq, payload)
+            await self._share_loop()
 
     async def _drain_monitor(self, monitor: zmq.asyncio.Socket) -> None:
         """ZMQ reports a (re)connection before delivering that connection's messages."""

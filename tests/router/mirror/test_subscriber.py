@@ -208,7 +208,8 @@ def test_without_replay_the_mirror_resets_and_follows_the_stream(replay: str) ->
         scene.send(replica)
         await until(lambda: f.sub.last_seq == replica.last_seq, "following the stream")
         assert f.sub.running and f.sub.resets == 1
-        assert f.sub.replays == (1 if replay == "unreachable" else 0)
+        # unreachable: the sync on connect and the catch-up at the first live batch both tried
+        assert f.sub.replays == (2 if replay == "unreachable" else 0)
         assert set(f.tree.cached_hashes()) <= set(replica.cache.cached_page_hashes())
         # Once the replica clears its cache (/flush_cache) the mirror is exact again.
         replica.cache.reset()
@@ -217,6 +218,28 @@ def test_without_replay_the_mirror_resets_and_follows_the_stream(replay: str) ->
             scene.send(replica)
         await until(lambda: in_sync(replica, f), "exact again after a clear")
         assert_mirror_equals(replica, f, scene.sent)
+        await f.sub.aclose()
+        await replica.close()
+
+    run(scenario)
+
+
+def test_a_warm_idle_replica_is_mirrored_on_connect() -> None:
+    """A router (re)starting next to a replica that publishes nothing more still sees its cache."""
+
+    async def scenario(ctx: zmq.asyncio.Context) -> None:
+        replica, scene = Replica(free_port_pair(), pool=3000), Scene(7)
+        replica.serve()
+        for _ in range(8):
+            scene.send(replica)
+        f = Follower(replica.kv, ctx)
+        f.sub.start()
+        await until(lambda: in_sync(replica, f), "in sync without a new batch")
+        assert_mirror_equals(replica, f, scene.sent)
+        assert (f.sub.replays, f.sub.resets) == (1, 0)
+        scene.send(replica)  # the first live batch after the sync: applied once, in order
+        await until(lambda: in_sync(replica, f), "following the stream")
+        assert f.log == list(range(replica.last_seq + 1))
         await f.sub.aclose()
         await replica.close()
 
