@@ -80,10 +80,12 @@ class SchedulerLoop:
             for msg in msgs:
                 self.handlers[type(msg)](msg)
             updated = self.scheduler.step() if self.scheduler.has_work() else []
-            self.send_outputs(self.pending + updated)
-            self.pending = []
+            # Events first: a router that sees a response should already have (or be about to
+            # get) the cache changes behind it, so the client's next turn routes here.
             if self.publish_events is not None:
                 self.publish_events()
+            self.send_outputs(self.pending + updated)
+            self.pending = []
 
     # ---- handlers -------------------------------------------------------------------------
 
