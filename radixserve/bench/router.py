@@ -2,9 +2,10 @@
 one routing decision.
 
 Workload: multi-tenant shared prefixes (G groups × R requests, each a group prefix + its own
-question), arriving interleaved (g0, g1, …, g0, g1, …) so a cache-blind policy scatters every
-tenant. For each policy the replicas' caches are flushed, a router is started in front of
-them, the workload runs through it, and the engines' own `cached_tokens` are summed.
+question), arriving interleaved (one request of every group per round, the order rotated each
+round) so a cache-blind policy scatters every tenant. For each policy the replicas' caches
+are flushed, a router is started in front of them, the workload runs through it, and the
+engines' own `cached_tokens` are summed.
 `pinned` is the best placement there is: round-robin on a session header set to the group,
 so each group lives on exactly one replica.
 
@@ -69,8 +70,10 @@ def interleaved_workload(args: argparse.Namespace) -> list[BenchRequest]:
         args.gsp_question_len, args.gsp_output_len, args.vocab_size, args.seed, shuffle=False,
     )  # fmt: skip
     reqs = generated_shared_prefix(cfg)
-    per = args.gsp_prompts_per_group
-    return [reqs[g * per + i] for i in range(per) for g in range(args.gsp_num_groups)]
+    per, groups = args.gsp_prompts_per_group, args.gsp_num_groups
+    # round i sends one request of every group, the group order rotated by i: interleaved, and
+    # never in lockstep with round-robin (which would pin each group by accident)
+    return [reqs[((k + i) % groups) * per + i] for i in range(per) for k in range(groups)]
 
 
 def _exe() -> str:
