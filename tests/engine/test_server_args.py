@@ -96,8 +96,24 @@ def test_defaults_are_valid() -> None:
 
 
 def test_unknown_kwarg_is_rejected_by_name() -> None:
-    with pytest.raises(ValueError, match="unknown engine argument.*'tp_size'"):
-        ServerArgs.from_kwargs(tp_size=2)
+    with pytest.raises(ValueError, match="unknown engine argument.*'pp_size'"):
+        ServerArgs.from_kwargs(pp_size=2)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"tp_size": 0}, "tp_size"),
+        ({"tp_size": 4, "dp_size": 3, "enable_dp_attention": True}, "dp_size"),
+        ({"tp_size": 2, "dp_size": 2, "ep_size": 8}, "ep_size"),
+        ({"tp_size": 2}, "tp_size"),  # valid shape, but only 1 runs in this build
+    ],
+)
+def test_parallelism_is_checked_and_refused_until_implemented(
+    kwargs: dict[str, object], field: str
+) -> None:
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        ServerArgs.from_kwargs(**kwargs)
 
 
 def test_all_unknown_kwargs_are_listed() -> None:

@@ -1,14 +1,14 @@
-"""Router test fixtures: the engine's own SmolLM2 tokenizer (the in-process oracle) and one live
-engine replica shared by every router test of a session (start-up costs ~25 s)."""
+"""Router test fixtures: the engine's own SmolLM2 tokenizer (the in-process oracle) and three
+live engine replicas with KV events, shared by every router test of this package."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from tests.engine.server.live_server import LiveServer, live_server
 from tests.router.router_proc import Engine, EngineSet
 
 
@@ -20,11 +20,17 @@ def engine_tokenizer(smollm_source: Any) -> Any:
     return load_tokenizer(smollm_source)
 
 
-@pytest.fixture(scope="session")
-def engine_server() -> Iterator[LiveServer]:
-    """A real `radixserve serve` SmolLM2 replica on 127.0.0.1 (no KV-event stream)."""
-    with live_server("--max-total-tokens", "32768", "--max-queued-requests", "256") as srv:
-        yield srv
+@dataclass(frozen=True)
+class ServerURL:
+    base_url: str
+
+
+@pytest.fixture(scope="package")
+def engine_server(kv_engines: EngineSet) -> ServerURL:
+    """One live SmolLM2 replica for HTTP-level checks: the first of the shared replicas (a
+    server of its own would cost another ~45 s of start-up)."""
+    kv_engines.revive()
+    return ServerURL(kv_engines.engines[0].url)
 
 
 @pytest.fixture(scope="package")

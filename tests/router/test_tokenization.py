@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from radixserve.router.tokenization import RouterTokenizer
-from tests.engine.server.live_server import LiveServer
 from tests.router.tokenization_cases import (
     BAD_CONVERSATIONS,
     CONVERSATIONS,
@@ -256,7 +255,7 @@ def test_routing_tokens_of_other_paths_or_bodies_are_none(router_tok: RouterToke
 
 
 @pytest.fixture(scope="module")
-def fetched(engine_server: LiveServer) -> RouterTokenizer:
+def fetched(engine_server: Any) -> RouterTokenizer:
     async def fetch() -> RouterTokenizer:
         async with httpx.AsyncClient(timeout=30) as client:
             return await RouterTokenizer.fetch(client, engine_server.base_url + "/")
@@ -264,7 +263,7 @@ def fetched(engine_server: LiveServer) -> RouterTokenizer:
     return asyncio.run(fetch())
 
 
-def _tokenize(server: LiveServer, body: dict[str, Any]) -> Any:
+def _tokenize(server: Any, body: dict[str, Any]) -> Any:
     r = httpx.post(server.base_url + "/tokenize", json=body, timeout=30)
     if r.status_code == 400:
         assert r.json()["message"].startswith(("messages", "chat_template_kwargs")), r.text
@@ -274,14 +273,14 @@ def _tokenize(server: LiveServer, body: dict[str, Any]) -> Any:
 
 
 def test_live_prompts_match_the_engines_tokenize(
-    engine_server: LiveServer, fetched: RouterTokenizer
+    engine_server: Any, fetched: RouterTokenizer
 ) -> None:
     for prompt in PROMPTS:
         assert fetched.encode_prompt(prompt) == _tokenize(engine_server, {"prompt": prompt})
 
 
 def test_live_chats_match_the_engines_tokenize(
-    engine_server: LiveServer, fetched: RouterTokenizer
+    engine_server: Any, fetched: RouterTokenizer
 ) -> None:
     for messages in CONVERSATIONS + BAD_CONVERSATIONS:
         expected = _tokenize(engine_server, {"messages": messages})
@@ -301,7 +300,7 @@ def test_live_chats_match_the_engines_tokenize(
     ],
 )
 def test_live_prompt_token_counts_match_routing_tokens(
-    engine_server: LiveServer, fetched: RouterTokenizer, path: str, body: dict[str, Any]
+    engine_server: Any, fetched: RouterTokenizer, path: str, body: dict[str, Any]
 ) -> None:
     """The engine's own count of prompt tokens for the request the router routed."""
     ids = fetched.routing_tokens(path, body)
