@@ -109,7 +109,13 @@ def test_a_replica_killed_mid_run_is_routed_around_and_followed_again(
     rng = random.Random(3)
     prefix = random_ids(rng, PREFIX_LEN)
     urls = [e.url for e in engines]
-    with router_proc(urls, "--admin-key", KEY, healthy=len(engines)) as router:
+    # A second router that learns of the death only by trying: no stream breaks on it, and
+    # its health checks are an hour apart.
+    blind_args = ("--policy", "round_robin", "--health-check-interval-s", "3600")
+    with (
+        router_proc(urls, "--admin-key", KEY, healthy=len(engines)) as router,
+        router_proc(urls, *blind_args, healthy=len(engines)) as blind,
+    ):
         # The victim holds the tenant's prefix (sent to it directly); the router sees that.
         warm = httpx.post(victim.url + "/generate", json=generate_body(prefix + [7000]), timeout=60)
         assert warm.status_code == 200
@@ -131,6 +137,13 @@ def test_a_replica_killed_mid_run_is_routed_around_and_followed_again(
         for payloads in later:
             assert payloads[-1] == "[DONE]" and not any('"error"' in p for p in payloads)
             assert len(payloads) >= 2
+
+        # The blind router's round robin reaches the dead replica: refused before any byte
+        # went out, so the request is retried on a live one and the victim marked unhealthy.
+        answers = asyncio.run(generate_all(blind.url, [random_ids(rng, 16) for _ in range(6)], 1))
+        assert len(answers) == 6
+        assert blind.metrics()[("radixserve_router_retries_total", frozenset())] >= 1
+        assert by_worker(blind.metrics(), "radixserve_router_worker_healthy")[victim.url] == 0
 
         wait_for(lambda: not workers(router)[victim.url]["healthy"], 10, "victim unhealthy")
         assert mirror_of(router, victim.url) is None  # its mirror is dropped
