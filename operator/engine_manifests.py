@@ -55,6 +55,9 @@ def engine_args(spec: InferenceServiceSpec) -> list[str]:
     args = ["serve", "--model-path", model_path(spec), "--served-model-name", spec.model.name]
     args += ["--host", "0.0.0.0", "--port", str(ENGINE_HTTP_PORT)]
     args += ["--kv-events-port", str(KV_EVENTS_PORT)]
+    source = spec.model.source
+    if isinstance(source, HuggingFaceSource) and source.revision:
+        args += ["--revision", source.revision]
     if e.device != "cpu":
         args += ["--device", e.device]
     optional = [
@@ -116,9 +119,7 @@ def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
     ours: list[dict[str, Any]] = []
     source = spec.model.source
     if isinstance(source, HuggingFaceSource):
-        ours.append({"name": "HF_HOME", "value": HF_HOME})
-        if source.revision:
-            ours.append({"name": "RADIXSERVE_MODEL_REVISION", "value": source.revision})
+        ours.append({"name": "HF_HOME", "value": HF_HOME})  # the download goes to the emptyDir
     user = [dict(item) for item in spec.engine.env]
     overridden = {item["name"] for item in user}
     return [item for item in ours if item["name"] not in overridden] + user

@@ -42,6 +42,7 @@ _QUANTITY = re.compile(
 MANAGED_ENGINE_FLAGS = {
     "--model-path": "spec.model.source",
     "--served-model-name": "spec.model.name",
+    "--revision": "spec.model.source.huggingFace.revision",
     "--host": "the operator (0.0.0.0)",
     "--port": "the operator (30000)",
     "--kv-events-port": "the operator (5557)",

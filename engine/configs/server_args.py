@@ -17,6 +17,7 @@ EVICTION_POLICIES = ("lru", "lfu", "fifo")
 @dataclass(frozen=True, slots=True)
 class ServerArgs:
     model_path: str = "smollm2-135m"
+    revision: str | None = None  # branch, tag or commit when model_path is a Hub repo id
     served_model_name: str | None = None
     dtype: str = "float32"
     device: str = "cpu"

@@ -31,7 +31,7 @@ class EngineCore:
             self.source, files, self.tokenizer = _reuse.source, _reuse.files, _reuse.tokenizer
             model = _reuse.runner.model
         else:
-            self.source = resolve_model(args.model_path)
+            self.source = resolve_model(args.model_path, args.revision)
             files = load_model_files(self.source, args.resolved_dtype)
             self.tokenizer = load_tokenizer(self.source)
             model = None

@@ -39,7 +39,7 @@ def _detokenizer_main(args: ServerArgs, ports: PortArgs) -> None:
     configure_child_logging(args.log_level, "detokenizer")
     from radixserve.engine.managers.detokenizer_manager import run_detokenizer_process
 
-    run_detokenizer_process(args.model_path, ports)
+    run_detokenizer_process(args.model_path, ports, args.revision)
 
 
 @dataclass(slots=True)

@@ -54,7 +54,7 @@ def _model_info(
 
 
 def build_state(args: ServerArgs, children: ChildProcesses) -> ServerState:
-    source = resolve_model(args.model_path)
+    source = resolve_model(args.model_path, args.revision)
     files = load_model_files(source, args.resolved_dtype)
     tokenizer = load_tokenizer(source)
     info = children.scheduler_info

@@ -71,11 +71,11 @@ class DetokenizerManager:
         )
 
 
-def run_detokenizer_process(model_path: str, ports: PortArgs) -> None:
+def run_detokenizer_process(model_path: str, ports: PortArgs, revision: str | None = None) -> None:
     from radixserve.engine.model_loader import resolve_model
     from radixserve.engine.model_loader.loader import load_tokenizer
 
-    manager = DetokenizerManager(load_tokenizer(resolve_model(model_path)))
+    manager = DetokenizerManager(load_tokenizer(resolve_model(model_path, revision)))
     ctx = zmq.Context()
     recv = PullChannel(ctx, ports.detokenizer_input, bind=True, msg_type=DetokenizerInput)
     send = PushChannel(ctx, ports.tokenizer_input, bind=False)

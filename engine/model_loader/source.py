@@ -1,12 +1,15 @@
 """Resolves what the user passed as `--model-path` into a concrete model source.
 
-Accepts an alias (`smollm2-135m`), a HuggingFace-format directory, a `.gguf` file, or a
-directory holding exactly one `.gguf`. Does no loading; runs in the main and scheduler processes.
+Accepts an alias (`smollm2-135m`), a HuggingFace-format directory, a `.gguf` file, a
+directory holding exactly one `.gguf`, or a HuggingFace Hub repository id (`org/name`, with an
+optional revision), which is downloaded into the HuggingFace cache (`HF_HOME`) once: the main,
+scheduler and detokenizer processes then find it there. Does no loading.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -43,7 +46,12 @@ class ModelSource:
         return self.path if self.kind == "hf" else self.path.parent
 
 
-def resolve_model(model_path: str) -> ModelSource:
+REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+# What a model folder needs; the Hub repo may hold other formats we would never read.
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
+
+
+def resolve_model(model_path: str, revision: str | None = None) -> ModelSource:
     """Turn `model_path` into a ModelSource or raise ModelNotFoundError."""
     alias = ALIASES.get(model_path.lower())
     if alias is not None:
@@ -61,11 +69,28 @@ def resolve_model(model_path: str) -> ModelSource:
             f"model path {model_path!r} has no config.json and {len(ggufs)} .gguf files; "
             "point --model-path at a HuggingFace model folder or one .gguf file"
         )
+    if REPO_ID.fullmatch(model_path) and not path.exists():
+        return _from_hub(model_path, revision)
     known = ", ".join(sorted(ALIASES))
     raise ModelNotFoundError(
         f"model path {model_path!r} does not exist; pass a HuggingFace model folder, a .gguf "
         f"file, or one of the built-in aliases ({known})"
     )
+
+
+def _from_hub(repo_id: str, revision: str | None) -> ModelSource:
+    from huggingface_hub import snapshot_download  # comes with transformers (engine extra)
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        folder = snapshot_download(repo_id, revision=revision, allow_patterns=HUB_PATTERNS)
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as exc:
+        raise ModelNotFoundError(
+            f"model path {repo_id!r} is not a local path, and fetching it from the HuggingFace "
+            f"Hub (revision {revision or 'main'}) failed: {type(exc).__name__}: {exc}"
+        ) from None
+    source = resolve_model(folder)
+    return ModelSource(source.kind, source.path, repo_id)
 
 
 def _alias_file(name: str, alias: _Alias) -> Path:
