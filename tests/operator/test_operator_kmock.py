@@ -192,12 +192,18 @@ def test_spec_updates_patch_the_children_and_suspend_keeps_them() -> None:
             change["router"] = {"policy": "round_robin"}
             await k8s.send("PATCH", f"{ISVCS}/chat", {"spec": change})
 
-            async def engine_rolled() -> bool:
+            async def both_rolled() -> bool:
+                # children are applied one after another: wait for the last of the two
                 engine = await k8s.get(f"{DEPLOYMENTS}/chat-engine")
                 args = _container(engine)["args"]
-                return engine["spec"]["replicas"] == 3 and "--tp-size" in args
+                router = await k8s.get(f"{DEPLOYMENTS}/chat-router")
+                return (
+                    engine["spec"]["replicas"] == 3
+                    and "--tp-size" in args
+                    and "round_robin" in _container(router)["args"]
+                )
 
-            await eventually(engine_rolled, "engine Deployment patched")
+            await eventually(both_rolled, "engine and router Deployments patched")
             engine = await k8s.get(f"{DEPLOYMENTS}/chat-engine")
             args = _container(engine)["args"]
             assert args[args.index("--tp-size") + 1] == "2"
