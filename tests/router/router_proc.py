@@ -12,7 +12,6 @@ import asyncio
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.engine.server.live_server import free_port
+from tests.engine.server.live_server import free_port, free_port_pair
 
 EXE = os.path.join(os.path.dirname(sys.executable), "radixserve")
 ENGINE_START_TIMEOUT_S = 300
@@ -32,22 +31,6 @@ ROUTER_START_TIMEOUT_S = 60
 STOP_GRACE_S = 20
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port_pair() -> int:
-    """A port P with P and P + 1 both free (the engine's KV-event and replay ports)."""
-    for _ in range(100):
-        port = free_port()
-        if port < 65535 and _bindable(port + 1):
-            return port
-    raise RuntimeError("no free port pair found")
 
 
 def _log_tail(path: str, n: int = 4000) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -35,7 +34,7 @@ from radixserve.operator.builders import build_children
 from radixserve.operator.config import OperatorConfig
 from radixserve.operator.meta import Owner
 from radixserve.operator.spec import parse_spec
-from tests.engine.server.live_server import free_port
+from tests.engine.server.live_server import free_port, free_port_pair
 from tests.router.test_k8s_discovery import SliceEmulator, write_kubeconfig
 
 EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "smollm2-cpu.yaml"
@@ -69,17 +68,6 @@ def localize(args: list[str], flag_ports: dict[str, tuple[int, int]]) -> list[st
 
 def named_ports(c: dict[str, Any]) -> dict[str, int]:
     return {p["name"]: p["containerPort"] for p in c["ports"]}
-
-
-def free_pair() -> int:
-    while True:
-        port = free_port()
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
 
 
 class Proc:
@@ -187,7 +175,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     ports = named_ports(ec)
     engines, pods = [], []
     for i in range(engine_dep["spec"]["replicas"]):
-        http, kv = free_port(), free_pair()
+        http, kv = free_port(), free_port_pair()
         pod = {"http": http, "kv-events": kv, "kv-replay": kv + 1}
         args = localize(
             ec["args"],

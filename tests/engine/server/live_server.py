@@ -23,6 +23,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_pair() -> int:
+    """A port P with P and P + 1 both free (a KV-event PUB port and its replay port)."""
+    for _ in range(100):
+        port = free_port()
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 1))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair")
+
+
 @dataclass(frozen=True)
 class LiveServer:
     base_url: str

@@ -4,7 +4,6 @@ rebuilds the same set by replay from seq 0; /flush_cache clears it."""
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,24 +15,10 @@ import zmq
 from radixserve.protocol import AllBlocksCleared, BlockRemoved, BlockStored
 from radixserve.protocol.block_hash import block_hashes
 from radixserve.protocol.kv_events import KVEventBatch, decode_batch, seq_from_bytes, seq_to_bytes
-from tests.engine.server.live_server import LiveServer, live_server
+from tests.engine.server.live_server import LiveServer, free_port_pair, live_server
 
 POOL = 4096
 SYNC_TIMEOUT_S = 20
-
-
-def free_port_pair() -> int:
-    for _ in range(100):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            base = int(a.getsockname()[1])
-            try:
-                with socket.socket() as b:
-                    b.bind(("127.0.0.1", base + 1))
-            except OSError:
-                continue
-        return base
-    raise RuntimeError("no free port pair")
 
 
 class Mirror:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections.abc import Callable, Sequence
 
@@ -49,21 +48,6 @@ def cache_insert(cache: RadixCache, tokens: Sequence[int]) -> None:
 def engine_match(cache: RadixCache, tokens: Sequence[int]) -> int:
     """The engine's own cached-prefix length for tokens."""
     return len(cache.match_prefix(list(tokens)).indices)
-
-
-def free_port_pair() -> int:
-    """A base port p with p and p + 1 free (PUB and replay of DP rank 0)."""
-    for _ in range(100):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            base = int(a.getsockname()[1])
-            try:
-                with socket.socket() as b:
-                    b.bind(("127.0.0.1", base + 1))
-            except OSError:
-                continue
-        return base
-    raise RuntimeError("no free port pair")
 
 
 class Replica:

@@ -11,7 +11,8 @@ import pytest
 
 from radixserve.router.mirror.index import CacheIndex
 from radixserve.router.targets import KVEndpoint, TargetKey
-from tests.router.mirror.replica import Replica, engine_match, free_port_pair, until
+from tests.engine.server.live_server import free_port_pair
+from tests.router.mirror.replica import Replica, engine_match, until
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -17,11 +17,11 @@ from radixserve.protocol.kv_events import seq_to_bytes
 from radixserve.router.mirror.subscriber import KVEventSubscriber
 from radixserve.router.mirror.tree import MirrorTree
 from radixserve.router.targets import KVEndpoint
+from tests.engine.server.live_server import free_port_pair
 from tests.router.mirror.replica import (
     SYNC_TIMEOUT_S,
     Replica,
     engine_match,
-    free_port_pair,
     until,
 )
 
