@@ -1,12 +1,15 @@
-"""The worker admin API: `GET/POST/DELETE /workers`, behind `Authorization: Bearer <admin key>`.
+"""The admin API, behind `Authorization: Bearer <admin key>`: `GET/POST/DELETE /workers` and
+`POST /flush_cache` (every healthy worker flushes its radix cache).
 
 POST registers a worker only after it answered `/server_info` (an unreachable URL is a 400,
-not a silent pending entry); DELETE drops it and its mirrors. Without `--admin-key` the API
-is closed: every call is a 401 that says how to open it.
+not a silent pending entry); DELETE drops it and its mirrors. A flush empties the mirrors too,
+through the workers' AllBlocksCleared events. Without `--admin-key` the API is closed: every
+call is a 401 that says how to open it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from typing import Any
 
@@ -50,7 +53,29 @@ async def _add_worker(request: Request) -> Response:
     return JSONResponse(worker.describe(), status_code=201)
 
 
+async def _flush_one(client: httpx.AsyncClient, worker: Any) -> tuple[str, int | str]:
+    try:
+        resp = await client.post(worker.url + "/flush_cache", headers=worker.headers(), timeout=30)
+        return worker.url, resp.status_code
+    except httpx.HTTPError as exc:
+        return worker.url, type(exc).__name__
+
+
+async def _flush_all(request: Request) -> Response:
+    state = request.app.state.router
+    workers = state.registry.available()
+    results = dict(await asyncio.gather(*(_flush_one(state.client, w) for w in workers)))
+    ok = all(code == 200 for code in results.values())
+    # 200 only when every worker flushed: a worker busy with requests answers 400 (SGLang's
+    # rule), and the caller should know the cache is not empty there.
+    return JSONResponse({"success": ok, "workers": results}, status_code=200 if ok else 502)
+
+
 def install_admin_routes(app: FastAPI) -> None:
+    @app.post("/flush_cache")
+    async def flush_cache(request: Request) -> Response:
+        return _denied(request) or await _flush_all(request)
+
     @app.get("/workers")
     async def list_workers(request: Request) -> Response:
         denied = _denied(request)

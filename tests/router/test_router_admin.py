@@ -1,7 +1,7 @@
 """The router's worker admin API against live replicas: closed without `--admin-key`, a 401
 for a missing or wrong key, a 400 for an unreachable, duplicate or malformed worker, and a
 worker added at run time receives traffic (by the engine's own request counter) until it is
-removed, with its mirror.
+removed, with its mirror; a flush through the router empties every replica and mirror.
 """
 
 from __future__ import annotations
@@ -104,6 +104,14 @@ def test_a_worker_added_at_run_time_gets_traffic_until_removed(engines: list[Eng
         assert engine_finished(b) - b_before == 3  # the engine saw them
         # The added worker's KV events feed its mirror.
         wait_for(lambda: by_worker(router.metrics(), MIRROR_TOKENS).get(b.url, 0) >= 96, 10, "b")
+
+        # A flush through the router empties every replica, and the mirrors follow.
+        assert httpx.post(router.url + "/flush_cache", timeout=30).status_code == 401
+        resp = httpx.post(router.url + "/flush_cache", headers=AUTH, timeout=30)
+        assert resp.status_code == 200, resp.text
+        assert resp.json() == {"success": True, "workers": {a.url: 200, b.url: 200}}
+        empty = {a.url: 0.0, b.url: 0.0}
+        wait_for(lambda: by_worker(router.metrics(), MIRROR_TOKENS) == empty, 10, "mirrors empty")
 
         resp = httpx.delete(router.url + "/workers", params={"url": b.url}, headers=AUTH)
         assert resp.status_code == 200 and resp.json() == {"removed": b.url}
