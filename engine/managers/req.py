@@ -64,7 +64,6 @@ class Req:
     # status
     finished_reason: FinishReason | None = None
     to_finish: FinishReason | None = None
-    is_chunked: int = 0
     is_retracted: bool = False
     retraction_count: int = 0
     cached_tokens: int = 0

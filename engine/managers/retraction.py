@@ -76,7 +76,6 @@ def reset_for_retract(req: Req) -> None:
     req.cache_protected_len = 0
     req.kv_allocated_len = 0
     req.extend_input_len = 0
-    req.is_chunked = 0
     req.num_inflight = 0  # an in-flight token of a retracted request is discarded
     req.is_retracted = True
     req.retraction_count += 1

@@ -160,8 +160,6 @@ class Scheduler:
         self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
         if adder.new_chunked_req is not None:
             self.chunked_req = adder.new_chunked_req
-        if self.chunked_req is not None and self.chunked_req in adder.can_run_list:
-            self.chunked_req.is_chunked += 1
         batch = ScheduleBatch(adder.can_run_list, self.kv)
         batch.prepare_for_extend()
         if mixed:
@@ -281,8 +279,7 @@ class Scheduler:
         updated: list[Req] = []
         for i, req in enumerate(rec.reqs):
             if not rec.samples[i]:
-                req.is_chunked -= 1
-                continue
+                continue  # a prefill chunk that is not the request's last samples nothing
             if req.retraction_count != rec.retractions[i]:
                 continue  # retracted after launch: this token is regenerated later
             req.num_inflight -= 1

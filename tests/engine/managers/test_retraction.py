@@ -198,7 +198,7 @@ def test_retracted_request_is_reset_but_keeps_outputs() -> None:
     assert d.output_ids == [1000]
     assert d.prefix_indices.numel() == 0 and d.last_node is None
     assert d.kv_allocated_len == 0 and d.extend_input_len == 0 and d.cache_protected_len == 0
-    assert d.is_retracted and d.retraction_count == 1 and d.is_chunked == 0
+    assert d.is_retracted and d.retraction_count == 1
     d.init_next_round_input()
     assert d.extend_input_len == 7 + 1  # prompt + generated are prefilled again
 
