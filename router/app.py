@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 
 from radixserve.router.admin import install_admin_routes
 from radixserve.router.config import RouterConfig
-from radixserve.router.proxy import NO_WORKER_RETRY_AFTER_S, error_response
+from radixserve.router.proxy import error_response, no_worker_response
 from radixserve.router.state import RouterState
 
 PROXIED_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")
@@ -80,7 +80,7 @@ def install_inference_routes(app: FastAPI) -> None:
         state = st(request)
         names = sorted({w.model_name for w in state.registry.available() if w.model_name})
         if not names:
-            return _no_worker()
+            return no_worker_response()
         data = [{"id": n, "object": "model", "owned_by": "radixserve"} for n in names]
         return JSONResponse({"object": "list", "data": data})
 
@@ -94,20 +94,12 @@ def install_health_routes(app: FastAPI) -> None:
     async def readiness(request: Request) -> Response:
         healthy = len(st(request).registry.available())
         if not healthy:
-            return _no_worker()
+            return no_worker_response()
         return JSONResponse({"status": "ready", "healthy_workers": healthy})
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         return Response(st(request).metrics.render(), media_type="text/plain; version=0.0.4")
-
-
-def _no_worker() -> Response:
-    return error_response(
-        "no healthy engine replica is available",
-        503,
-        {"Retry-After": str(NO_WORKER_RETRY_AFTER_S)},
-    )
 
 
 def create_app(config: RouterConfig) -> FastAPI:

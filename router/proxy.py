@@ -55,6 +55,15 @@ def error_response(message: str, status: int, headers: Mapping[str, str] | None 
     return JSONResponse(body, status_code=status, headers=dict(headers or {}))
 
 
+def no_worker_response() -> Response:
+    """503 with Retry-After: nothing to route to (yet); clients and probes should come back."""
+    return error_response(
+        "no healthy engine replica is available",
+        503,
+        {"Retry-After": str(NO_WORKER_RETRY_AFTER_S)},
+    )
+
+
 def sse_error(message: str) -> bytes:
     """The engine's in-stream error event, then the end marker clients wait for."""
     event = {"error": error_body(message, 502)}
@@ -102,11 +111,7 @@ class Proxy:
             last = result or last
         if last is not None:
             return last
-        return error_response(
-            "no healthy engine replica is available",
-            503,
-            {"Retry-After": str(NO_WORKER_RETRY_AFTER_S)},
-        )
+        return no_worker_response()
 
     def _retryable(self, resp: Response) -> bool:
         return resp.status_code in RETRYABLE_STATUS and not isinstance(resp, StreamingResponse)

@@ -25,7 +25,7 @@ import httpx
 from radixserve.router.circuit_breaker import CircuitBreaker
 from radixserve.router.config import RouterConfig
 from radixserve.router.mirror.index import CacheIndex
-from radixserve.router.targets import KVEndpoint, TargetKey, normalize_url, reachable_endpoint
+from radixserve.router.targets import KVEndpoint, TargetKey, normalize_url
 
 logger = logging.getLogger(__name__)
 
@@ -90,15 +90,15 @@ class Worker:
         }
 
 
-def parse_kv_endpoints(info: dict[str, Any], worker_url: str) -> tuple[KVEndpoint, ...]:
+def parse_kv_endpoints(info: dict[str, Any]) -> tuple[KVEndpoint, ...]:
     out = []
     for entry in info.get("kv_events") or ():
         replay = entry.get("replay_endpoint")
         out.append(
             KVEndpoint(
                 dp_rank=int(entry.get("dp_rank", 0)),
-                endpoint=reachable_endpoint(entry["endpoint"], worker_url),
-                replay_endpoint=reachable_endpoint(replay, worker_url) if replay else None,
+                endpoint=entry["endpoint"],  # 0.0.0.0 → the worker's host: CacheIndex does it
+                replay_endpoint=replay,
                 topic=entry.get("topic", ""),
             )
         )
@@ -164,7 +164,7 @@ class WorkerRegistry:
         worker.page_size = int(info.get("page_size") or 1)
         worker.dp_size = max(1, int(info.get("dp_size") or 1))
         worker.model_name = model.get("served_model_name") or info.get("served_model_name")
-        found = parse_kv_endpoints(info, worker.url)
+        found = parse_kv_endpoints(info)
         worker.kv_endpoints = worker.kv_override if worker.kv_override is not None else found
 
     async def _get(self, worker: Worker, path: str) -> httpx.Response:
