@@ -14,8 +14,8 @@ ARG BASE_IMAGE=python:3.11-slim-bookworm
 FROM ${BASE_IMAGE} AS wheel
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
-COPY radixserve/ radixserve/
+COPY pyproject.toml README.md ./
+COPY common/ common/
 COPY engine/ engine/
 COPY kernels/ kernels/
 COPY router/ router/

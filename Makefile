@@ -12,7 +12,7 @@ HAS_SMOLLM := import importlib.util, sys; sys.exit(importlib.util.find_spec('llm
 # NOTE: never `python -m …` from the repo root: the top-level operator/ folder would shadow the
 # standard library's `operator` module for that interpreter. Console scripts are safe.
 
-.PHONY: run demo test lint install e2e clean
+.PHONY: run demo check test lint install e2e clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +36,14 @@ run: install
 demo: install
 	$(VENV)/bin/radixserve demo --model-path smollm2-135m
 
-test: install
+# Static checks first (seconds), then the suite. mypy and lint-imports read the source roots from
+# pyproject.toml / .importlinter, so they need no install beyond their own.
+check: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
+
+test: check
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: install
@@ -48,4 +54,4 @@ e2e: install
 	$(VENV)/bin/pytest -m e2e tests/e2e
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info .mypy_cache

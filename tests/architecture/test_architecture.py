@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_MODULE_LINES = 800
-SOURCE_DIRS = ["radixserve", "engine", "kernels", "router", "operator"]
+SOURCE_DIRS = ["common", "engine", "kernels", "router", "operator"]
 
 PROBE = """
 import sys, importlib, pkgutil
