@@ -192,3 +192,85 @@ def test_normalize_turns_stop_string_into_list() -> None:
 @pytest.mark.parametrize(("stop", "expected"), [(None, []), ("a", ["a"]), (["a", "b"], ["a", "b"])])
 def test_stop_strs(stop: str | list[str] | None, expected: list[str]) -> None:
     assert SamplingParams(stop=stop).stop_strs == expected
+
+
+# ---- from_dict: msgspec's typed conversion, errors led by the field name -----------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"temperature": -1}, "temperature: must be >= 0, got -1"),
+        ({"n": 0}, "n: must be >= 1, got 0"),
+        ({"top_p": 0.0}, "top_p: must be in (0, 1], got 0.0"),
+        ({"min_p": 1.5}, "min_p: must be in [0, 1], got 1.5"),
+        ({"presence_penalty": -3}, "presence_penalty: must be in [-2, 2], got -3"),
+        ({"repetition_penalty": 2.5}, "repetition_penalty: must be in (0, 2], got 2.5"),
+        ({"temperature": True}, "temperature: expected `float`, got `bool`"),
+        ({"max_new_tokens": 1.5}, "max_new_tokens: expected `int`, got `float`"),
+        ({"top_p": None}, "top_p: expected `float`, got `null`"),
+        (
+            {"stop_token_ids": [3, -1]},
+            "stop_token_ids: expected `int` >= 0 (at `$.stop_token_ids[1]`)",
+        ),
+        (
+            {"logit_bias": {"x": 1}},
+            "logit_bias: expected `int`, got `str` (at `key` in `$.logit_bias`)",
+        ),
+        ({"top_k": 0}, "top_k: must be -1 (whole vocabulary) or >= 1, got 0"),
+        ({"top_k": -2}, "top_k: must be -1 (whole vocabulary) or >= 1, got -2"),
+    ],
+)
+def test_from_dict_error_message_names_field_and_rule(given: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError) as excinfo:
+        SamplingParams.from_dict(given)
+    assert str(excinfo.value) == message
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_new_tokens", -1),
+        ("temperature", -0.1),
+        ("temperature", math.nan),
+        ("top_p", 1.01),
+        ("top_k", -2),
+        ("min_p", 1.1),
+        ("frequency_penalty", 2.1),
+        ("presence_penalty", -2.1),
+        ("repetition_penalty", 0.0),
+        ("min_new_tokens", -1),
+        ("n", 0),
+        ("stop", ""),
+        ("stop_token_ids", [-1]),
+        ("logit_bias", {"-1": 1.0}),
+        ("logit_bias", {1: math.nan}),
+    ],
+)
+def test_from_dict_rejects_out_of_range_naming_field(field: str, value: object) -> None:
+    """Ranges are checked when parsing too: a request is never half-validated."""
+    with pytest.raises(ValueError) as excinfo:
+        SamplingParams.from_dict({field: value})
+    assert str(excinfo.value).startswith(f"{field}: ")
+
+
+def test_from_dict_checks_min_against_max_new_tokens() -> None:
+    with pytest.raises(ValueError, match=r"^min_new_tokens: must be <= max_new_tokens \(4\)"):
+        SamplingParams.from_dict({"max_new_tokens": 4, "min_new_tokens": 5})
+
+
+@pytest.mark.parametrize("given", [[1, 2], "temperature", 3])
+def test_from_dict_rejects_a_non_object(given: Any) -> None:
+    with pytest.raises(ValueError, match=r"^sampling_params: expected an object"):
+        SamplingParams.from_dict(given)
+
+
+def test_from_dict_accepts_tuples_for_lists() -> None:
+    params = SamplingParams.from_dict({"stop": ("a", "b"), "stop_token_ids": (1, 2)})
+    assert (params.stop, params.stop_token_ids) == (["a", "b"], [1, 2])
+
+
+def test_from_dict_leaves_the_vocabulary_bound_to_verify() -> None:
+    params = SamplingParams.from_dict({"stop_token_ids": [50]})
+    with pytest.raises(ValueError, match=r"^stop_token_ids: must be in \[0, 50\)"):
+        params.verify(vocab_size=50)

@@ -2,61 +2,76 @@
 
 Owns `SamplingParams`, the one place that knows SGLang's parameter names, their defaults, the
 types a request may give for them and the ranges they must fall in. It holds no tensors; turning a
-batch of parameters into tensors is `sampling_batch_info`'s job.
+batch of parameters into tensors is `sampling_batch_info`'s job. Runs wherever a request is
+validated (the HTTP process, the offline engine) and in the scheduler process.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+import re
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 # Below this temperature the distribution is treated as a point mass (SGLang's threshold).
 _GREEDY_TEMPERATURE = 1e-6
+
+# Per-field types and ranges, checked by `msgspec.convert`. Its range checks reject NaN (which
+# fails every comparison). Rules that an annotated type cannot state are in `_check_rules`.
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+TokenId = Annotated[int, msgspec.Meta(ge=0)]
+Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+Probability = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 
 
 @dataclass(slots=True)
 class SamplingParams:
     """How one request's next tokens are chosen and when its generation stops."""
 
-    max_new_tokens: int = 128
+    max_new_tokens: NonNegativeInt = 128
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
+    stop_token_ids: list[TokenId] | None = None
+    temperature: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 1.0
     top_k: int = -1  # -1 means the whole vocabulary
-    min_p: float = 0.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    min_new_tokens: int = 0
+    min_p: Probability = 0.0
+    frequency_penalty: Penalty = 0.0
+    presence_penalty: Penalty = 0.0
+    repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=2.0)] = 1.0
+    min_new_tokens: NonNegativeInt = 0
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
-    n: int = 1
+    n: Annotated[int, msgspec.Meta(ge=1)] = 1
     sampling_seed: int | None = None  # None: a fresh random generator; an int reproduces exactly
-    logit_bias: dict[int, float] | None = None
+    logit_bias: dict[TokenId, float] | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> SamplingParams:
-        """Build from a request's JSON object; reject unknown keys and values of the wrong type.
+        """Build from a request's JSON object; raise ValueError, its message starting with the
+        field name, on an unknown key, a value of the wrong type or a value out of range.
 
-        Ranges are not checked here (see `verify`), so a caller can report every problem the
-        same way whichever step found it.
+        Strict types: a bool is not a number, a float is not an integer, a string is not a
+        number; an integer widens to a float. `logit_bias` keys may be JSON strings ("50256").
+        Only the vocabulary bound of token ids is left to `verify`, which needs the vocabulary.
         """
         if d is None:
             return cls()
-        known = {f.name for f in dataclasses.fields(cls)}
-        kwargs: dict[str, Any] = {}
-        for key, value in d.items():
-            if key not in known:
+        if not isinstance(d, Mapping):
+            raise ValueError(f"sampling_params: expected an object, got {type(d).__name__}")
+        for key in d:
+            if key not in _FIELD_NAMES:
                 raise ValueError(f"unknown sampling parameter {key!r}")
-            kwargs[key] = _COERCERS[key](key, value)
-        return cls(**kwargs)
+        params = _convert(d)
+        params._check_rules()
+        return params
 
     @property
     def is_greedy(self) -> bool:
@@ -82,143 +97,94 @@ class SamplingParams:
             self.temperature = 1.0
 
     def verify(self, vocab_size: int | None = None) -> None:
-        """Raise ValueError, its message starting with the field name, on an out-of-range value."""
-        _verify_lengths(self)
-        _verify_distribution(self)
-        _verify_penalties(self)
-        _verify_token_ids(self, vocab_size)
+        """Raise ValueError, its message starting with the field name, on an out-of-range value.
+
+        Checks what `from_dict` checks (an instance may have been built directly), and with
+        `vocab_size` also that every token id is below it.
+        """
+        _convert(dataclasses.asdict(self))
+        self._check_rules()
+        if vocab_size is None:
+            return
+        for tok in self.stop_token_ids or []:
+            if tok >= vocab_size:
+                _fail("stop_token_ids", f"in [0, {vocab_size})", tok)
+        for tok in self.logit_bias or {}:
+            if tok >= vocab_size:
+                _fail("logit_bias", f"keyed by token ids in [0, {vocab_size})", tok)
+
+    def _check_rules(self) -> None:
+        """The rules that a field's annotated type cannot state (types and ranges checked)."""
+        if not (self.top_k == -1 or self.top_k >= 1):
+            _fail("top_k", "-1 (whole vocabulary) or >= 1", self.top_k)
+        if self.min_new_tokens > self.max_new_tokens:
+            rule = f"<= max_new_tokens ({self.max_new_tokens})"
+            _fail("min_new_tokens", rule, self.min_new_tokens)
         if any(s == "" for s in self.stop_strs):
             raise ValueError("stop: stop strings must be non-empty")
+        for bias in (self.logit_bias or {}).values():
+            if math.isnan(bias):
+                _fail("logit_bias", "a number", bias)
+
+
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+_FIELD_PATH = re.compile(r"`\$\.(\w+)`")
+
+
+def _range_text(meta: msgspec.Meta) -> str:
+    """A Meta's bounds as the error text states them: '>= 0', 'in (0, 1]', 'in [-2, 2]'."""
+    low = f"[{meta.ge:g}" if meta.ge is not None else None
+    low = f"({meta.gt:g}" if meta.gt is not None else low
+    high = f"{meta.le:g}]" if meta.le is not None else None
+    high = f"{meta.lt:g})" if meta.lt is not None else high
+    if low is not None and high is not None:
+        return f"in {low}, {high}"
+    if low is not None:
+        return (">= " if low[0] == "[" else "> ") + low[1:]
+    assert high is not None, "a Meta without bounds states no range"
+    return ("<= " if high[-1] == "]" else "< ") + high[:-1]
+
+
+def _field_ranges() -> Mapping[str, str]:
+    """Field name → its range text, for the fields whose own annotation carries a Meta."""
+    hints = typing.get_type_hints(SamplingParams, include_extras=True)
+    out = {}
+    for name, hint in hints.items():
+        metas = [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, msgspec.Meta)]
+        if metas:
+            out[name] = _range_text(metas[0])
+    return MappingProxyType(out)
+
+
+_FIELD_RANGES = _field_ranges()
+
+
+def _convert(d: Mapping[str, Any]) -> SamplingParams:
+    """msgspec's typed conversion, its errors re-raised as ValueErrors led by the field name."""
+    try:
+        # str_keys: the object may come from JSON, whose keys are strings (logit_bias).
+        return msgspec.convert(d, SamplingParams, str_keys=True)
+    except msgspec.ValidationError as exc:
+        raise _field_error(exc, d) from None
+
+
+def _field_error(exc: msgspec.ValidationError, d: Mapping[str, Any]) -> ValueError:
+    """'Expected `float` >= 0.0 - at `$.temperature`' → 'temperature: must be >= 0, got -1'.
+
+    A range error of a field states the field's whole range; a type error, or an error inside
+    a list or mapping, keeps msgspec's words and says where.
+    """
+    detail, _, where = str(exc).partition(" - at ")
+    top = _FIELD_PATH.fullmatch(where)
+    if top is not None and ", got" not in detail and top.group(1) in _FIELD_RANGES:
+        field = top.group(1)
+        return ValueError(f"{field}: must be {_FIELD_RANGES[field]}, got {d.get(field)!r}")
+    field = next(iter(re.findall(r"\$\.(\w+)", where)), "sampling_params")
+    detail = detail[:1].lower() + detail[1:]
+    if where and top is None:
+        detail += f" (at {where})"
+    return ValueError(f"{field}: {detail}")
 
 
 def _fail(field: str, rule: str, value: object) -> None:
     raise ValueError(f"{field}: must be {rule}, got {value!r}")
-
-
-# The range checks below are written as `not (ok)` so that NaN, which fails every comparison,
-# is rejected rather than slipping through.
-
-
-def _verify_lengths(p: SamplingParams) -> None:
-    if not p.max_new_tokens >= 0:
-        _fail("max_new_tokens", ">= 0", p.max_new_tokens)
-    if not p.min_new_tokens >= 0:
-        _fail("min_new_tokens", ">= 0", p.min_new_tokens)
-    if not p.min_new_tokens <= p.max_new_tokens:
-        _fail("min_new_tokens", f"<= max_new_tokens ({p.max_new_tokens})", p.min_new_tokens)
-    if not p.n >= 1:
-        _fail("n", ">= 1", p.n)
-
-
-def _verify_distribution(p: SamplingParams) -> None:
-    if not p.temperature >= 0.0:
-        _fail("temperature", ">= 0", p.temperature)
-    if not 0.0 < p.top_p <= 1.0:
-        _fail("top_p", "in (0, 1]", p.top_p)
-    if not (p.top_k == -1 or p.top_k >= 1):
-        _fail("top_k", "-1 (whole vocabulary) or >= 1", p.top_k)
-    if not 0.0 <= p.min_p <= 1.0:
-        _fail("min_p", "in [0, 1]", p.min_p)
-
-
-def _verify_penalties(p: SamplingParams) -> None:
-    if not -2.0 <= p.frequency_penalty <= 2.0:
-        _fail("frequency_penalty", "in [-2, 2]", p.frequency_penalty)
-    if not -2.0 <= p.presence_penalty <= 2.0:
-        _fail("presence_penalty", "in [-2, 2]", p.presence_penalty)
-    if not 0.0 < p.repetition_penalty <= 2.0:
-        _fail("repetition_penalty", "in (0, 2]", p.repetition_penalty)
-
-
-def _verify_token_ids(p: SamplingParams, vocab_size: int | None) -> None:
-    upper = math.inf if vocab_size is None else vocab_size
-    rule = ">= 0" if vocab_size is None else f"in [0, {vocab_size})"
-    for tok in p.stop_token_ids or []:
-        if not 0 <= tok < upper:
-            _fail("stop_token_ids", rule, tok)
-    for tok, bias in (p.logit_bias or {}).items():
-        if not 0 <= tok < upper:
-            _fail("logit_bias", f"keyed by token ids {rule}", tok)
-        if math.isnan(bias):
-            _fail("logit_bias", "a number", bias)
-
-
-# --- type coercion for from_dict -------------------------------------------------------------
-
-
-def _int(field: str, v: object) -> int:
-    # bool is a subclass of int; `"temperature": true` is a client bug, not a 1.
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ValueError(f"{field}: expected an integer, got {type(v).__name__}")
-    return v
-
-
-def _float(field: str, v: object) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"{field}: expected a number, got {type(v).__name__}")
-    return float(v)
-
-
-def _bool(field: str, v: object) -> bool:
-    if not isinstance(v, bool):
-        raise ValueError(f"{field}: expected a boolean, got {type(v).__name__}")
-    return v
-
-
-def _opt_int(field: str, v: object) -> int | None:
-    return None if v is None else _int(field, v)
-
-
-def _stop(field: str, v: object) -> str | list[str] | None:
-    if v is None or isinstance(v, str):
-        return v
-    if isinstance(v, (list, tuple)) and all(isinstance(s, str) for s in v):
-        return list(v)
-    raise ValueError(f"{field}: expected a string or a list of strings")
-
-
-def _int_list(field: str, v: object) -> list[int] | None:
-    if v is None:
-        return None
-    if not isinstance(v, (list, tuple)):
-        raise ValueError(f"{field}: expected a list of integers, got {type(v).__name__}")
-    return [_int(field, x) for x in v]
-
-
-def _bias_key(field: str, k: object) -> int:
-    # JSON object keys are always strings, so OpenAI-style {"50256": -100} must be accepted.
-    if isinstance(k, str) and k.lstrip("-").isdigit():
-        return int(k)
-    return _int(field, k)
-
-
-def _logit_bias(field: str, v: object) -> dict[int, float] | None:
-    if v is None:
-        return None
-    if not isinstance(v, Mapping):
-        raise ValueError(f"{field}: expected a mapping of token id to bias")
-    return {_bias_key(field, k): _float(field, b) for k, b in v.items()}
-
-
-_COERCERS: Mapping[str, Callable[[str, Any], Any]] = MappingProxyType(
-    {
-        "max_new_tokens": _int,
-        "stop": _stop,
-        "stop_token_ids": _int_list,
-        "temperature": _float,
-        "top_p": _float,
-        "top_k": _int,
-        "min_p": _float,
-        "frequency_penalty": _float,
-        "presence_penalty": _float,
-        "repetition_penalty": _float,
-        "min_new_tokens": _int,
-        "ignore_eos": _bool,
-        "skip_special_tokens": _bool,
-        "spaces_between_special_tokens": _bool,
-        "no_stop_trim": _bool,
-        "n": _int,
-        "sampling_seed": _opt_int,
-        "logit_bias": _logit_bias,
-    }
-)
