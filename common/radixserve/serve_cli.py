@@ -16,7 +16,8 @@ def add_serve_parser(sub: Any) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     from radixserve.engine.configs.cli_args import server_args_from_namespace
-    from radixserve.engine.entrypoints.serve import serve
 
-    server_args = server_args_from_namespace(args)
+    server_args = server_args_from_namespace(args)  # validated before torch is imported
+    from radixserve.engine.entrypoints.serve import serve  # engine extra: torch
+
     return serve(server_args)

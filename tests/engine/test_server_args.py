@@ -1,12 +1,20 @@
-"""Tests for ServerArgs: validation names the field, unknown kwargs are rejected, chunk_size."""
+"""Tests for ServerArgs: validation names the field, unknown kwargs are rejected, chunk_size,
+KV events need a port; and for its command-line flags (cli_args)."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import typing
 from typing import Any
 
 import pytest
 
+from radixserve.engine.configs.cli_args import (
+    add_server_args,
+    flag_type,
+    server_args_from_namespace,
+)
 from radixserve.engine.configs.server_args import (
     DTYPES,
     EVICTION_POLICIES,
@@ -144,3 +152,85 @@ def test_server_args_are_frozen() -> None:
     args = ServerArgs()
     with pytest.raises(dataclasses.FrozenInstanceError):
         args.page_size = 4  # type: ignore[misc]
+
+
+# ---- KV events: recorded only where something drains them --------------------------------------
+
+
+def test_kv_events_without_a_port_are_refused() -> None:
+    """Only the publisher on --kv-events-port drains RadixCache.events: without it they grow."""
+    with pytest.raises(
+        ValueError, match=r"^enable_kv_events: --enable-kv-events needs --kv-events"
+    ):
+        ServerArgs(enable_kv_events=True)
+
+
+def test_kv_events_with_a_port_are_accepted() -> None:
+    args = ServerArgs(enable_kv_events=True, kv_events_port=5557)
+    assert (args.enable_kv_events, args.kv_events_port) == (True, 5557)
+
+
+@pytest.mark.parametrize("engine_name", ["EngineCore", "Engine"])
+def test_offline_engines_refuse_kv_events_without_a_port(engine_name: str) -> None:
+    """Both offline engines validate their kwargs through ServerArgs before loading anything."""
+    import radixserve.engine  # torch: only for this test
+
+    engine_cls = getattr(radixserve.engine, engine_name)
+    with pytest.raises(ValueError, match=r"^enable_kv_events: "):
+        engine_cls(enable_kv_events=True)
+
+
+def test_serve_refuses_kv_events_without_a_port(capsys: pytest.CaptureFixture[str]) -> None:
+    from radixserve.cli import main
+
+    assert main(["serve", "--enable-kv-events"]) == 2
+    assert "radixserve: error: enable_kv_events: " in capsys.readouterr().err
+
+
+# ---- command-line flags (cli_args) -------------------------------------------------------------
+
+
+def _parse(*argv: str) -> ServerArgs:
+    parser = argparse.ArgumentParser()
+    add_server_args(parser)
+    return server_args_from_namespace(parser.parse_args(list(argv)))
+
+
+def test_flags_default_to_the_field_defaults() -> None:
+    assert _parse() == ServerArgs()
+
+
+def test_flags_parse_each_field_type() -> None:
+    args = _parse(
+        "--page-size", "16", "--mem-fraction-static", "0.5", "--max-total-tokens", "4096",
+        "--revision", "main", "--enable-mixed-chunk", "--kv-events-port", "5557",
+    )  # fmt: skip
+    assert (args.page_size, args.mem_fraction_static, args.max_total_tokens) == (16, 0.5, 4096)
+    assert (args.revision, args.enable_mixed_chunk, args.kv_events_port) == ("main", True, 5557)
+
+
+def test_every_field_has_a_flag_of_its_type() -> None:
+    parser = argparse.ArgumentParser()
+    add_server_args(parser)
+    actions = {a.dest: a for a in parser._actions if a.dest != "help"}
+    assert set(actions) == {f.name for f in dataclasses.fields(ServerArgs)}
+    assert actions["page_size"].type is int
+    assert actions["mem_fraction_static"].type is float
+    assert actions["served_model_name"].type is str
+    assert isinstance(actions["enable_kv_events"], argparse._StoreTrueAction)
+
+
+@pytest.mark.parametrize(
+    ("hint", "expected"),
+    [
+        (int, int),
+        (int | None, int),
+        (typing.Optional[float], float),  # noqa: UP045 - the spelling under test
+        (bool, bool),
+        (str | None, str),
+        (int | str, str),
+        (list[int], str),
+    ],
+)
+def test_flag_type_of_resolved_annotations(hint: object, expected: type) -> None:
+    assert flag_type(hint) is expected

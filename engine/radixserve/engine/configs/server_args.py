@@ -37,7 +37,9 @@ class ServerArgs:
     disable_radix_cache: bool = False
     radix_eviction_policy: str = "lru"
     disable_overlap_schedule: bool = False
-    enable_kv_events: bool = False  # record radix-tree events (the server publishes them)
+    # Record radix-tree events; only the scheduler process's publisher (--kv-events-port) drains
+    # them, so enabling them without a port is refused (they would grow without bound).
+    enable_kv_events: bool = False
     attention_backend: str = "torch"
     # parallelism: accepted so deployments can state them; only 1 runs in this build
     tp_size: int = 1
@@ -94,6 +96,12 @@ class ServerArgs:
             self.radix_eviction_policy in EVICTION_POLICIES,
             "radix_eviction_policy",
             f"must be one of {EVICTION_POLICIES}, got {self.radix_eviction_policy!r}",
+        )
+        _check(
+            not self.enable_kv_events or self.kv_events_port is not None,
+            "enable_kv_events",
+            "--enable-kv-events needs --kv-events-port: the publisher on that port is what "
+            "drains the recorded events, which would otherwise grow without bound",
         )
         self._check_parallelism()
         chunk = self.chunked_prefill_size
