@@ -1,0 +1,42 @@
+# mypy: disable-error-code="no-untyped-def, untyped-decorator"
+# (Triton kernels are untyped by nature: @triton.jit is untyped and tl.constexpr is their only
+# annotation; the launchers below them are fully typed.)
+"""Small Triton helpers shared by the kernels of this package (dot-product dtype policy, sizes).
+
+Owns no state. Imported by the kernel modules only; runs wherever they run.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def is_interpreted(t: torch.Tensor) -> bool:
+    """True when kernels on this tensor run under TRITON_INTERPRET (CPU tensors) rather than JIT.
+
+    The interpreter computes through numpy, which has no bf16 and no bf16 matmul: kernels then
+    upcast every tl.dot operand to fp32 (the `UPCAST` constexpr), while a GPU keeps the tensor
+    core dtype. Decided per call from the tensor's device, never from global state.
+    """
+    return t.device.type == "cpu"
+
+
+def next_pow2(n: int, floor: int = 16) -> int:
+    """The smallest power of two >= max(n, floor): Triton block sizes (tl.dot needs >= 16)."""
+    return max(int(triton.next_power_of_2(max(n, 1))), floor)
+
+
+@triton.jit
+def dot(a, b, UPCAST: tl.constexpr):
+    """a [M, K] @ b [K, N] with an fp32 accumulator; operands in b's dtype (fp32 if UPCAST)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a.to(b.dtype), b)
+
+
+@triton.jit
+def tanh(x):
+    """tanh through exp (tl has no tanh in every version and the interpreter)."""
+    return 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0
