@@ -26,11 +26,16 @@ ForwardFn = Callable[[torch.Tensor], SampleOutput]  # resolved input ids → sam
 
 
 class FutureMap:
-    """A ring of token ids; slot k is referred to as the placeholder id −k (k ≥ 1)."""
+    """A ring of token ids; slot k is referred to as the placeholder id −k (k ≥ 1).
 
-    def __init__(self, size: int) -> None:
+    The ring lives on the runner's device: it is indexed with the batch's device input ids
+    and filled with the sampler's device output, so no step copies ids to the host.
+    """
+
+    def __init__(self, size: int, device: torch.device) -> None:
         self.size = size
-        self.buf = torch.zeros(size + 1, dtype=torch.int64)
+        self.device = device
+        self.buf = torch.zeros(size + 1, dtype=torch.int64, device=device)  # [size + 1] int64
         self._next = 1
 
     def alloc(self, n: int) -> list[int]:
@@ -41,6 +46,7 @@ class FutureMap:
         return out
 
     def resolve(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids: [T] int64 on the device; placeholders replaced by their stored ids."""
         mask = input_ids < 0
         if bool(mask.any()):
             input_ids = input_ids.clone()
@@ -48,7 +54,9 @@ class FutureMap:
         return input_ids
 
     def store(self, slots: list[int], token_ids: torch.Tensor) -> None:
-        self.buf[torch.tensor(slots, dtype=torch.int64)] = token_ids.cpu()
+        """token_ids: [len(slots)] int64 on the device, written to the ring at `slots`."""
+        index = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        self.buf[index] = token_ids.to(self.device)
 
 
 @dataclass(slots=True)

@@ -57,7 +57,7 @@ class Scheduler:
         self.sampler = Sampler()
         self.total_retractions = 0
         self.inflight: deque[InflightBatch] = deque()
-        self.future_map = FutureMap(4 * (self.max_running_requests + 8))
+        self.future_map = FutureMap(4 * (self.max_running_requests + 8), runner.device)
         self.worker = None if args.disable_overlap_schedule else ForwardWorker(self.future_map)
 
     @staticmethod

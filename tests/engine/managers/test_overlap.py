@@ -1,0 +1,57 @@
+"""Overlap scheduling: the FutureMap ring lives on the runner's device, and the overlapped
+loop gives the plain loop's outputs on CUDA (the `gpu` test skips without a CUDA device)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixserve.engine.managers.overlap import FutureMap
+
+CPU = torch.device("cpu")
+
+
+def test_future_map_buffer_is_on_the_given_device() -> None:
+    # The meta device stands in for CUDA here: a ring on the CPU would not be on it.
+    fm = FutureMap(8, torch.device("meta"))
+    assert fm.buf.device.type == "meta"
+
+
+def test_future_map_resolves_placeholders_from_stored_ids() -> None:
+    fm = FutureMap(4, CPU)
+    slots = fm.alloc(2)
+    fm.store(slots, torch.tensor([11, 12]))
+    ids = torch.tensor([5, -slots[0], 7, -slots[1]])
+    assert fm.resolve(ids).tolist() == [5, 11, 7, 12]
+    assert ids.tolist() == [5, -slots[0], 7, -slots[1]]  # the input is not modified
+
+
+def test_future_map_slots_wrap_around_the_ring() -> None:
+    fm = FutureMap(3, CPU)
+    assert fm.alloc(4) == [1, 2, 3, 1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_overlap_loop_on_cuda_matches_the_plain_loop(tmp_path: Path) -> None:
+    from radixserve.engine import EngineCore
+    from tests.engine.models.tiny import random_prompts, save_tiny
+
+    save_tiny("llama", tmp_path, tie_word_embeddings=True)
+    shared = random_prompts((24,), seed=1)[0]
+    prompts = [shared + p for p in random_prompts((5, 9, 13, 3), seed=2)]
+    params = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+    engine = EngineCore(model_path=str(tmp_path), device="cuda", max_total_tokens=4096)
+    plain = engine.with_args(disable_overlap_schedule=True)
+    try:
+        assert engine.scheduler.worker is not None  # the overlapped loop
+        assert engine.scheduler.future_map.buf.device.type == "cuda"
+        got = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=params)]
+        ref = [o["output_ids"] for o in plain.generate(input_ids=prompts, sampling_params=params)]
+        assert got == ref
+        engine.scheduler.check_memory_invariant()
+    finally:
+        plain.shutdown()
+        engine.shutdown()
