@@ -1,13 +1,16 @@
 """Rotary position embedding (NeoX / HF "rotate_half" layout) with the rope-scaling variants
 the supported configs use: default, linear, llama3 and yarn.
 
-The cos/sin table is computed once for all positions up to max_position in float32; each
-forward gathers rows by the batch's `positions`, so any mix of requests and offsets works.
+The cos/sin table is computed once for all positions up to max_position in float32, and one
+table serves every layer of a model: the model gathers the batch's rows once per forward
+(`cos_sin`) and each attention layer applies them (`apply_rotary`), so any mix of requests
+and offsets works.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -76,7 +79,24 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+class RotaryCosSin(NamedTuple):
+    """The table rows of one batch's positions, shared by all layers of one forward."""
+
+    cos: torch.Tensor  # [T, 1, D], the model dtype, on the model's device
+    sin: torch.Tensor  # [T, 1, D]
+
+
+def apply_rotary(
+    q: torch.Tensor, k: torch.Tensor, rope: RotaryCosSin
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [T, Hq, D]; k: [T, Hkv, D]. Returns rotated (q, k)."""
+    cos, sin = rope
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
 class RotaryEmbedding(nn.Module):
+    """Owns one model's cos/sin tables ([max_position, D] float32 buffers)."""
+
     def __init__(self, head_dim: int, max_position: int, base: float, scaling: RopeScaling) -> None:
         super().__init__()
         inv_freq, mscale = compute_inv_freq(head_dim, base, scaling, max_position)
@@ -87,10 +107,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cached", emb.cos() * mscale, persistent=False)
         self.register_buffer("sin_cached", emb.sin() * mscale, persistent=False)
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions: [T] int64; q: [T, Hq, D]; k: [T, Hkv, D]. Returns rotated (q, k)."""
-        cos = self.cos_cached[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin_cached[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> RotaryCosSin:
+        """positions: [T] int64 → the rows of both tables, cast to `dtype`."""
+        cos = self.cos_cached[positions].unsqueeze(1).to(dtype)
+        sin = self.sin_cached[positions].unsqueeze(1).to(dtype)
+        return RotaryCosSin(cos, sin)

@@ -2,12 +2,14 @@
 Qwen3 adds per-head q/k RMSNorm, both switched by ModelConfig fields rather than copied code.
 
 Parameter names follow HF checkpoints except the fused `qkv_proj` and `gate_up_proj`, which
-`load_weights` fills shard by shard.
+`load_weights` fills shard by shard. One RotaryEmbedding (cos/sin tables) serves all layers:
+`LlamaModel` gathers the batch's rows once per forward and hands them to every layer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -18,9 +20,11 @@ from radixserve.engine.layers.layernorm import RMSNorm
 from radixserve.engine.layers.linear import Linear, MergedLinear
 from radixserve.engine.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from radixserve.engine.layers.radix_attention import RadixAttention
-from radixserve.engine.layers.rotary_embedding import RotaryEmbedding
+from radixserve.engine.layers.rotary_embedding import RotaryCosSin, RotaryEmbedding, apply_rotary
 from radixserve.engine.layers.vocab_embedding import LMHead, VocabEmbedding
-from radixserve.engine.model_executor.forward_batch import ForwardBatch
+
+if TYPE_CHECKING:  # annotations only: model_executor sits above models in the layers
+    from radixserve.engine.model_executor.forward_batch import ForwardBatch
 
 # checkpoint projection name → (fused parameter, shard index)
 _STACKED = {
@@ -49,15 +53,12 @@ class LlamaAttention(nn.Module):
         self.o_proj = Linear(self.q_size, c.hidden_size, bias=c.o_proj_bias)
         self.q_norm = RMSNorm(self.head_dim, c.rms_norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, c.rms_norm_eps) if c.qk_norm else None
-        self.rotary_emb = RotaryEmbedding(
-            self.head_dim, c.max_position_embeddings, c.rope_theta, c.rope_scaling
-        )
         self.attn = RadixAttention(
             self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id
         )
 
     def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch
+        self, rope: RotaryCosSin, hidden: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -65,7 +66,7 @@ class LlamaAttention(nn.Module):
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm.forward_plain(q), self.k_norm.forward_plain(k)
-        q, k = self.rotary_emb(positions, q, k)
+        q, k = apply_rotary(q, k, rope)
         out = self.attn(q.reshape(-1, self.q_size), k.reshape(-1, self.kv_size), v, forward_batch)
         return self.o_proj(out)
 
@@ -92,13 +93,13 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(
         self,
-        positions: torch.Tensor,
+        rope: RotaryCosSin,
         hidden: torch.Tensor,
         residual: torch.Tensor | None,
         forward_batch: ForwardBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, forward_batch)
+        hidden = self.self_attn(rope, hidden, forward_batch)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -111,14 +112,19 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        c = config
+        self.rotary_emb = RotaryEmbedding(
+            c.head_dim, c.max_position_embeddings, c.rope_theta, c.rope_scaling
+        )
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
+        rope = self.rotary_emb.cos_sin(positions, hidden.dtype)
         residual: torch.Tensor | None = None
         for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual, forward_batch)
+            hidden, residual = layer(rope, hidden, residual, forward_batch)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
