@@ -74,7 +74,8 @@ class RadixCache(BasePrefixCache):
         return self._evictable + self._protected
 
     def cached_page_hashes(self) -> list[int]:
-        """Event hashes (int64) of every page in the tree, for mirrors to compare against."""
+        """Event hashes (int64) of every page in the tree, for mirrors to compare against
+        (empty when events are off: pages are hashed only for the event stream)."""
         out, stack = [], [self.root]
         while stack:
             node = stack.pop()
@@ -137,10 +138,10 @@ class RadixCache(BasePrefixCache):
 
     def _add_leaf(self, parent: TreeNode, key: list[int], value: torch.Tensor) -> None:
         leaf = TreeNode(next(self._ids), parent=parent, key=list(key), value=value)
-        leaf.page_digests = hash_pages(leaf.key, self.page_size, parent.last_digest())
         parent.children[self._child_key(key)] = leaf
         self._evictable += len(key)
-        if self.enable_events:
+        if self.enable_events:  # hashes exist only for the event stream: none without it
+            leaf.page_digests = hash_pages(leaf.key, self.page_size, parent.last_digest())
             self._record_stored(leaf)
 
     def _split_node(self, child: TreeNode, n: int) -> TreeNode:

@@ -19,7 +19,8 @@ class TreeNode:
     hit_count: int = 0
     last_access_time: float = 0.0
     creation_time: float = 0.0
-    page_digests: list[bytes] = field(default_factory=list)  # SHA-256 per full page of key
+    # SHA-256 per full page of key; filled only when the cache records KV events
+    page_digests: list[bytes] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.creation_time = self.last_access_time = time.monotonic()
