@@ -28,13 +28,34 @@ from radixserve.kernels.triton_util import dot, is_interpreted, next_pow2, tanh
 
 @triton.jit
 def _decode_split_kernel(  # noqa: PLR0913, PLR0915 -- a kernel takes every stride as an argument
-    Q, K, V, kv_indptr, kv_indices, MidO, MidLse,
-    sm_scale, logit_cap,
-    stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_mb, stride_mh, stride_ms,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, HAS_CAP: tl.constexpr, UPCAST: tl.constexpr,
+    Q,
+    K,
+    V,
+    kv_indptr,
+    kv_indices,
+    MidO,
+    MidLse,
+    sm_scale,
+    logit_cap,
+    stride_qb,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_mb,
+    stride_mh,
+    stride_ms,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    V_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    HAS_CAP: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -99,9 +120,18 @@ def _decode_split_kernel(  # noqa: PLR0913, PLR0915 -- a kernel takes every stri
 
 @triton.jit
 def _decode_combine_kernel(  # noqa: PLR0913 -- strides are arguments
-    MidO, MidLse, kv_indptr, Out,
-    stride_mb, stride_mh, stride_ms, stride_ob, stride_oh,
-    V_DIM: tl.constexpr, BLOCK_DV: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    MidO,
+    MidLse,
+    kv_indptr,
+    Out,
+    stride_mb,
+    stride_mh,
+    stride_ms,
+    stride_ob,
+    stride_oh,
+    V_DIM: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)

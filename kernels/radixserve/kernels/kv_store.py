@@ -16,11 +16,25 @@ import triton.language as tl
 
 @triton.jit
 def _store_kv_kernel(  # noqa: PLR0913 -- a kernel takes every stride as an argument
-    K, V, KBuf, VBuf, loc,
-    stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_kbt, stride_kbh, stride_vbt, stride_vbh,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    K,
+    V,
+    KBuf,
+    VBuf,
+    loc,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_kbt,
+    stride_kbh,
+    stride_vbt,
+    stride_vbh,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    V_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
 ):
     t = tl.program_id(0)
     slot = tl.load(loc + t).to(tl.int64)
