@@ -9,6 +9,10 @@ Budgets (tokens), as in SGLang:
 - rem_chunk_tokens = chunked_prefill_size: a request that does not fit is cut to a page
   multiple and becomes the (single) chunked request.
 Mixed decode tokens are charged against every budget up front.
+
+A waiting request is judged on a read-only match (`PrefixPeek`); only when it is admitted does
+the adder match for real: split the tree at the match, count the hit and lock the prefix. So a
+request that waits many steps leaves the tree and its LFU counts as they were.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, auto
 
+from radixserve.engine.managers.prefix_match import prefix_match_key
 from radixserve.engine.managers.req import Req
 from radixserve.engine.mem_cache.allocator import BaseTokenAllocator
-from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache
+from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache, PrefixPeek
 
 CLIP_MAX_NEW_TOKENS = 4096
 
@@ -111,33 +116,45 @@ class PrefillAdder:
         self._update_budget(req.extend_input_len, 0 if truncated else _max_new(req))
         return req if truncated else None
 
-    def add_one_req(self, req: Req) -> AddReqResult:
+    def add_one_req(self, req: Req, peek: PrefixPeek | None = None) -> AddReqResult:
+        """Admit `req` if the budgets allow. `peek`: its read-only match this step (peeked
+        here when None). Only an admitted request is matched for real and locked."""
+        if peek is None:
+            peek = self.tree_cache.peek_prefix(prefix_match_key(req))
+        extend_len = len(req.full_ids()) - peek.length
         max_new = _max_new(req)
-        if req.extend_input_len + max_new >= self.rem_total_tokens:
+        if extend_len + max_new >= self.rem_total_tokens:
             return AddReqResult.NO_TOKEN
-        real_input = _ceil_page(req.extend_input_len, self.page_size)
+        real_input = _ceil_page(extend_len, self.page_size)
         if real_input >= self.rem_input_tokens and self.can_run_list:
             return AddReqResult.OTHER
-        # Pin the matched prefix so that counting it as "evictable" stays honest.
-        self.tree_cache.inc_lock_ref(req.last_node)
-        if req.extend_input_len + max_new >= self.rem_total_tokens:
-            self.tree_cache.dec_lock_ref(req.last_node)
+        # Locking the prefix takes its evictable part out of the budget: count that honestly.
+        pinned = self.tree_cache.evictable_in_match(peek)
+        if extend_len + max_new >= self.rem_total_tokens - pinned:
             return AddReqResult.NO_TOKEN
         chunk = self.rem_chunk_tokens
-        if chunk is None or real_input <= chunk:
-            self.can_run_list.append(req)
+        truncated = chunk is not None and real_input > chunk
+        trunc = 0 if chunk is None else chunk // self.page_size * self.page_size
+        if truncated and trunc <= 0:
+            return AddReqResult.OTHER
+        self._claim_prefix(req)
+        self.can_run_list.append(req)
+        if not truncated:
             self._update_budget(req.extend_input_len, max_new)
             return self.budget_state()
-        trunc = chunk // self.page_size * self.page_size
-        if trunc <= 0:
-            self.tree_cache.dec_lock_ref(req.last_node)
-            return AddReqResult.OTHER
         req.extend_input_len = trunc
         req.fill_ids = req.fill_ids[: len(req.prefix_indices) + trunc]
-        self.can_run_list.append(req)
         self.new_chunked_req = req
         self._update_budget(trunc, 0)
         return self.budget_state()
+
+    def _claim_prefix(self, req: Req) -> None:
+        """On admission: match for real (split, hit count), lock the prefix, set up the round."""
+        match = self.tree_cache.match_prefix(prefix_match_key(req))
+        self.tree_cache.inc_lock_ref(match.last_node)
+        req.prefix_indices, req.last_node = match.indices, match.last_node
+        req.cache_protected_len = len(match.indices)  # the matched part is the tree's
+        req.init_next_round_input()
 
 
 def _max_new(req: Req) -> int:

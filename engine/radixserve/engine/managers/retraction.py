@@ -71,7 +71,7 @@ def retract_decode(
 
 
 def reset_for_retract(req: Req) -> None:
-    req.prefix_indices = torch.empty(0, dtype=torch.int64)
+    req.prefix_indices = torch.empty(0, dtype=torch.int64, device=req.prefix_indices.device)
     req.last_node = None
     req.cache_protected_len = 0
     req.kv_allocated_len = 0

@@ -5,6 +5,7 @@ cache-aware lpm (longest cached prefix first; FCFS above 128 waiting) and dfs-we
 (depth-first over the radix tree, heavier subtrees first, so siblings sharing a prefix run
 together). Cache-aware policies also do in-batch prefix caching: of several waiting requests
 sharing an uncached prefix, later ones are held back so they hit the cache after the first.
+Ordering only reads the tree (`StepPrefixMatches`): no split, hit count or lock.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections import defaultdict
 
 import torch
 
+from radixserve.engine.managers.prefix_match import StepPrefixMatches
 from radixserve.engine.managers.req import Req
 from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache
 from radixserve.engine.mem_cache.radix_cache import RadixCache
@@ -38,8 +40,9 @@ class SchedulePolicy:
             return "fcfs"
         return self.policy
 
-    def calc_priority(self, waiting: list[Req]) -> list[Req]:
-        """Return the waiting queue in scheduling order (the input list is not modified)."""
+    def calc_priority(self, waiting: list[Req], matches: StepPrefixMatches) -> list[Req]:
+        """Return the waiting queue in scheduling order (the input list is not modified).
+        Cache-aware orders peek every request through `matches`, which changes no node."""
         active = self._active(len(waiting))
         if active == "fcfs":
             return list(waiting)
@@ -49,37 +52,36 @@ class SchedulePolicy:
             out = list(waiting)
             self.rng.shuffle(out)
             return out
-        held_back = self._match_all(waiting)
+        held_back = self._held_back(waiting, matches)
         if active == "lpm":
-            ordered = sorted(waiting, key=lambda r: -len(r.prefix_indices))
+            ordered = sorted(waiting, key=lambda r: -matches.get(r).length)
         else:
-            ordered = self._dfs_weight(waiting)
+            ordered = self._dfs_weight(waiting, matches)
         return [r for r in ordered if id(r) not in held_back] + [
             r for r in ordered if id(r) in held_back
         ]
 
-    def _match_all(self, waiting: list[Req]) -> set[int]:
-        """Match every request against the cache; return ids of requests to hold back."""
+    def _held_back(self, waiting: list[Req], matches: StepPrefixMatches) -> set[int]:
+        """Ids of requests to hold back: they share an uncached prefix with an earlier one."""
         shadow = RadixCache(None, None, page_size=1)  # type: ignore[arg-type] - keys only
         held: set[int] = set()
         for req in waiting:
-            key = req.full_ids()
-            match = self.tree_cache.match_prefix(key[: len(key) - 1])
-            req.prefix_indices, req.last_node = match.indices, match.last_node
-            if len(match.indices) > IN_BATCH_CHECK_THRESHOLD:
+            if matches.get(req).length > IN_BATCH_CHECK_THRESHOLD:
                 continue
-            in_batch = len(shadow.match_prefix(key).indices)
-            if in_batch >= IN_BATCH_DEPRIORITIZE_THRESHOLD:
+            key = req.full_ids()
+            if shadow.peek_prefix(key).length >= IN_BATCH_DEPRIORITIZE_THRESHOLD:
                 held.add(id(req))
             else:
                 shadow.insert(key, torch.zeros(len(key), dtype=torch.int64))
         return held
 
-    def _dfs_weight(self, waiting: list[Req]) -> list[Req]:
+    def _dfs_weight(self, waiting: list[Req], matches: StepPrefixMatches) -> list[Req]:
+        tree = self.tree_cache
+        assert isinstance(tree, RadixCache)  # _active() falls back to fcfs without a tree
         by_node: dict[int, list[Req]] = defaultdict(list)
         nodes: dict[int, TreeNode] = {}
         for req in waiting:
-            node = req.last_node if req.last_node is not None else self.tree_cache.root  # type: ignore[attr-defined]
+            node = matches.get(req).node  # where its match ends (possibly inside the node)
             by_node[id(node)].append(req)
             nodes[id(node)] = node
         weight: dict[int, int] = defaultdict(int)
@@ -89,7 +91,7 @@ class SchedulePolicy:
                 weight[id(node)] += len(reqs)
                 node = node.parent
         out: list[Req] = []
-        stack: list[TreeNode] = [self.tree_cache.root]  # type: ignore[attr-defined]
+        stack: list[TreeNode] = [tree.root]
         while stack:
             node = stack.pop()
             out.extend(by_node.get(id(node), []))

@@ -19,6 +19,7 @@ from radixserve.engine.ipc.messages import LoadOutput, StateOutput
 from radixserve.engine.managers.finish_reason import FinishAbort
 from radixserve.engine.managers.overlap import ForwardWorker, FutureMap, InflightBatch
 from radixserve.engine.managers.prefill_adder import AddReqResult, PrefillAdder, PrefillBudget
+from radixserve.engine.managers.prefix_match import StepPrefixMatches
 from radixserve.engine.managers.req import Req, TailDecoder
 from radixserve.engine.managers.retraction import NewTokenRatio, retract_decode
 from radixserve.engine.managers.schedule_batch import KVContext, ScheduleBatch
@@ -145,11 +146,11 @@ class Scheduler:
         if self.chunked_req is not None:
             self.chunked_req.init_next_round_input()
             self.chunked_req = adder.add_chunked_req(self.chunked_req)
-        for req in self.policy.calc_priority(self.waiting_queue):
+        matches = StepPrefixMatches(self.tree_cache)  # read-only, at most one per request
+        for req in self.policy.calc_priority(self.waiting_queue, matches):
             if len(adder.can_run_list) + len(running) >= self.max_running_requests:
                 break
-            self._match_prefix(req)
-            result = adder.add_one_req(req)
+            result = adder.add_one_req(req, matches.get(req))
             if adder.can_run_list and adder.can_run_list[-1] is req and not req.is_retracted:
                 req.cached_tokens += len(req.prefix_indices)
             if result is not AddReqResult.CONTINUE:
@@ -184,14 +185,6 @@ class Scheduler:
         self.kv.allocator.clear()
         self.kv.req_to_token_pool.clear()
         return True
-
-    def _match_prefix(self, req: Req) -> None:
-        key = req.full_ids()
-        # At least one token must be computed to get logits for the next token.
-        match = self.tree_cache.match_prefix(key[: len(key) - 1])
-        req.prefix_indices, req.last_node = match.indices, match.last_node
-        req.cache_protected_len = len(match.indices)  # the matched part is the tree's
-        req.init_next_round_input()
 
     def update_running_batch(self) -> ScheduleBatch:
         batch = self.running_batch

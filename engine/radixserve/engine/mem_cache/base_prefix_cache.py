@@ -17,14 +17,32 @@ if TYPE_CHECKING:
 
 
 class MatchResult(NamedTuple):
-    indices: torch.Tensor  # [n] int64 KV slots of the matched prefix
+    indices: torch.Tensor  # [n] int64 KV slots of the matched prefix, on the pool's device
     last_node: Any  # node to lock while the request uses the prefix
+
+
+class PrefixPeek(NamedTuple):
+    """A read-only match: how much of a key is cached and where in the tree the match ends."""
+
+    length: int  # matched tokens (page-aligned)
+    node: Any  # deepest node sharing the match (which may end inside it); None without a tree
 
 
 class BasePrefixCache(ABC):
     @abstractmethod
     def match_prefix(self, key: list[int]) -> MatchResult:
-        """Longest cached prefix of `key` (page-aligned)."""
+        """Longest cached prefix of `key` (page-aligned), for a request being admitted: may
+        split a node so the match ends on a node boundary, and counts a hit on its path."""
+
+    @abstractmethod
+    def peek_prefix(self, key: list[int]) -> PrefixPeek:
+        """Length of the longest cached prefix of `key`, changing nothing (no split, no hit
+        count, no access time): for ordering and budgeting requests that may keep waiting."""
+
+    def evictable_in_match(self, peek: PrefixPeek) -> int:
+        """Tokens that locking `peek`'s match would move from evictable to protected. Valid
+        while no insert or eviction ran since the peek (splits are allowed)."""
+        return 0
 
     @abstractmethod
     def cache_unfinished_req(self, req: Req) -> None:

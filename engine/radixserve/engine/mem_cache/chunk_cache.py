@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixserve.engine.mem_cache.allocator import BaseTokenAllocator
-from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache, MatchResult
+from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache, MatchResult, PrefixPeek
 from radixserve.engine.mem_cache.memory_pool import ReqToTokenPool
 
 if TYPE_CHECKING:
@@ -21,7 +21,10 @@ class ChunkCache(BasePrefixCache):
         self.allocator = allocator
 
     def match_prefix(self, key: list[int]) -> MatchResult:
-        return MatchResult(torch.empty(0, dtype=torch.int64), None)
+        return MatchResult(torch.empty(0, dtype=torch.int64, device=self.allocator.device), None)
+
+    def peek_prefix(self, key: list[int]) -> PrefixPeek:
+        return PrefixPeek(0, None)
 
     def cache_unfinished_req(self, req: Req) -> None:
         assert req.req_pool_idx is not None
@@ -35,7 +38,7 @@ class ChunkCache(BasePrefixCache):
         self.allocator.free(row[:kv_len].to(torch.int64))
         self.req_to_token_pool.free(req.req_pool_idx)
         req.req_pool_idx = None
-        req.prefix_indices = torch.empty(0, dtype=torch.int64)
+        req.prefix_indices = torch.empty(0, dtype=torch.int64, device=self.allocator.device)
 
     def evict(self, num_tokens: int) -> int:
         return 0

@@ -5,6 +5,8 @@ token (page size 1) or the first page as a tuple. With page size > 1 every key a
 page-aligned. `lock_ref` counts requests pinning a node (and thus its ancestors); unlocked
 leaves are evicted lazily when the allocator runs dry, in eviction-policy order.
 Invariant (checked when idle): allocator free + evictable + protected = pool size.
+`peek_prefix` only reads (for ordering waiting requests); `match_prefix` is for admission: it
+splits so the match ends on a node boundary (the node to lock) and counts a hit on its path.
 
 Events: every newly inserted page → BlockStored (chained by parent hash), every evicted page
 → BlockRemoved, `reset` → AllBlocksCleared; a split changes no page and emits nothing.
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixserve.engine.mem_cache.allocator import BaseTokenAllocator
-from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache, MatchResult
+from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache, MatchResult, PrefixPeek
 from radixserve.engine.mem_cache.evict_policy import eviction_key
 from radixserve.engine.mem_cache.memory_pool import ReqToTokenPool
 from radixserve.engine.mem_cache.tree_node import TreeNode
@@ -97,6 +99,10 @@ class RadixCache(BasePrefixCache):
     # ---- match / insert -----------------------------------------------------------------------
 
     def match_prefix(self, key: list[int]) -> MatchResult:
+        """Admission match: splits so the match ends on a node, counts a hit on its path."""
+        return self._match(key, count_hit=True)
+
+    def _match(self, key: list[int], count_hit: bool) -> MatchResult:
         key = key[: len(key) // self.page_size * self.page_size]
         node, values = self.root, []
         now = time.monotonic()
@@ -105,7 +111,8 @@ class RadixCache(BasePrefixCache):
             if child is None:
                 break
             child.last_access_time = now
-            child.hit_count += 1
+            if count_hit:
+                child.hit_count += 1
             n = self._match_len(child.key, key)
             if n < len(child.key):
                 child = self._split_node(child, n)
@@ -114,8 +121,42 @@ class RadixCache(BasePrefixCache):
                 break
             values.append(child.value)
             node, key = child, key[n:]
-        indices = torch.cat(values) if values else torch.empty(0, dtype=torch.int64)
+        indices = torch.cat(values) if values else self._no_slots()
         return MatchResult(indices, node)
+
+    def peek_prefix(self, key: list[int]) -> PrefixPeek:
+        key = key[: len(key) // self.page_size * self.page_size]
+        node, length = self.root, 0
+        while key:
+            child = node.children.get(self._child_key(key))
+            if child is None:
+                break
+            n = self._match_len(child.key, key)
+            node, length = child, length + n
+            if n < len(child.key):
+                break
+            key = key[n:]
+        return PrefixPeek(length, node)
+
+    def evictable_in_match(self, peek: PrefixPeek) -> int:
+        # Walk up from the peeked node: a split since the peek inserted nodes above it but
+        # moved no matched token below it, so the chain still covers the whole match.
+        chain: list[TreeNode] = []
+        node = peek.node
+        while node is not None and node is not self.root:
+            chain.append(node)
+            node = node.parent
+        start = total = 0
+        for node in reversed(chain):
+            if start >= peek.length:
+                break
+            if node.lock_ref == 0:
+                total += min(len(node.key), peek.length - start)
+            start += len(node.key)
+        return total
+
+    def _no_slots(self) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.int64, device=self.allocator.device)
 
     def insert(self, key: list[int], value: torch.Tensor) -> int:
         """Insert key → value (page-aligned lengths); returns how many leading tokens were
@@ -230,7 +271,7 @@ class RadixCache(BasePrefixCache):
         aligned = len(ids) // self.page_size * self.page_size
         new_prefix = self.insert(ids[:aligned], kv[:aligned])
         self.allocator.free(kv[req.cache_protected_len : new_prefix])
-        match = self.match_prefix(ids[:aligned])
+        match = self._match(ids[:aligned], count_hit=False)  # the request's own pages: no hit
         tree_kv = match.indices
         self.req_to_token_pool.write(
             row, req.cache_protected_len, tree_kv[req.cache_protected_len :]
