@@ -1,7 +1,7 @@
-"""The KV layouts the attention kernels read: a paged pool view and the new tokens of a batch.
+"""The layouts the kernels read: paged KV views, new tokens, MoE routing; their index builders.
 
-Owns only plain containers and the index builder; imports no triton and no engine. Runs in the
-scheduler process, as part of the model's forward.
+Owns only plain containers and plain-torch index builders, shared by kernels and references;
+imports no triton and no engine. Runs in the scheduler process, as part of the model's forward.
 
 NOTE: KV indices are always per token (one pool slot id per cached token, as in SGLang's triton
 backend), whatever the page size. With page size P a request's slots come in page-aligned runs
@@ -97,3 +97,44 @@ def build_kv_indices(
     rows = req_to_token[req_pool_indices.to(torch.int64), :max_len]
     mask = torch.arange(max_len, device=seq_lens.device)[None, :] < lens[:, None]
     return KvIndices(kv_indptr, rows[mask].to(torch.int32))
+
+
+class AlignedRouting(NamedTuple):
+    """The (token, choice) rows sorted by expert, each expert's run padded to block_m.
+
+    sorted_ids: [num_blocks * block_m], int32: row t * top_k + j, or T * top_k for padding.
+    expert_ids: [num_blocks], int32: the expert of each block, -1 for unused spare blocks.
+    block_m: the block size both tensors were built for (the GEMM's BLOCK_M).
+    """
+
+    sorted_ids: torch.Tensor
+    expert_ids: torch.Tensor
+    block_m: int
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> AlignedRouting:
+    """Sort the rows of topk_ids [T, top_k] by expert and pad each expert's run to block_m.
+
+    Plain torch, no host sync: sized for the worst case, T * top_k + num_experts * (block_m - 1)
+    rows, so the spare blocks at the end get expert -1 and are skipped by the GEMM.
+    """
+    flat = topk_ids.flatten().to(torch.int64)
+    num_rows = flat.numel()
+    counts = torch.bincount(flat, minlength=num_experts)
+    padded = (counts + block_m - 1) // block_m * block_m
+    order = torch.argsort(flat, stable=True)
+    expert_of = flat[order]
+    rank = (
+        torch.arange(num_rows, device=flat.device) - (torch.cumsum(counts, 0) - counts)[expert_of]
+    )
+    dest = (torch.cumsum(padded, 0) - padded)[expert_of] + rank
+    num_blocks = -(-(num_rows + num_experts * (block_m - 1)) // block_m)
+    sorted_ids = torch.full(
+        (num_blocks * block_m,), num_rows, dtype=torch.int32, device=flat.device
+    )
+    sorted_ids[dest] = order.to(torch.int32)
+    block_ends = torch.cumsum(padded // block_m, 0)
+    blocks = torch.arange(num_blocks, device=flat.device)
+    expert_ids = torch.searchsorted(block_ends, blocks, right=True)
+    expert_ids = torch.where(expert_ids < num_experts, expert_ids, -1).to(torch.int32)
+    return AlignedRouting(sorted_ids, expert_ids, block_m)

@@ -3,8 +3,8 @@
 # annotation; the launchers below them are fully typed.)
 """Fused MoE: top-k routing, per-expert sorting and padding, and the grouped expert GEMMs.
 
-Owns the routing kernel, the block alignment (plain torch, no host sync) and one grouped-GEMM
-kernel used twice; knows no engine and no parallel layout (EP masks experts before calling).
+Owns the routing kernel and one grouped-GEMM kernel used twice (the block alignment is plain
+torch, in `layout`); knows no engine and no parallel layout (EP masks experts before calling).
 Runs in the scheduler process, inside the model's forward.
 
 Algorithm. The T x top_k (token, choice) pairs are numbered row = t * top_k + j. Alignment sorts
@@ -18,14 +18,12 @@ router weight -> [T * top_k, H] fp32, summed over the top_k choices of each toke
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 
 from radixserve.kernels.activation import silu_and_mul
-from radixserve.kernels.layout import TopKOutput
+from radixserve.kernels.layout import AlignedRouting, TopKOutput, moe_align_block_size
 from radixserve.kernels.triton_util import dot, is_interpreted
 
 
@@ -74,47 +72,6 @@ def topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> 
     return TopKOutput(weights, ids)
 
 
-class AlignedRouting(NamedTuple):
-    """The (token, choice) rows sorted by expert, each expert's run padded to block_m.
-
-    sorted_ids: [num_blocks * block_m], int32: row t * top_k + j, or T * top_k for padding.
-    expert_ids: [num_blocks], int32: the expert of each block, -1 for unused spare blocks.
-    block_m: the block size both tensors were built for (the GEMM's BLOCK_M).
-    """
-
-    sorted_ids: torch.Tensor
-    expert_ids: torch.Tensor
-    block_m: int
-
-
-def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> AlignedRouting:
-    """Sort the rows of topk_ids [T, top_k] by expert and pad each expert's run to block_m.
-
-    Plain torch, no host sync: sized for the worst case, T * top_k + num_experts * (block_m - 1)
-    rows, so the spare blocks at the end get expert -1 and are skipped by the GEMM.
-    """
-    flat = topk_ids.flatten().to(torch.int64)
-    num_rows = flat.numel()
-    counts = torch.bincount(flat, minlength=num_experts)
-    padded = (counts + block_m - 1) // block_m * block_m
-    order = torch.argsort(flat, stable=True)
-    expert_of = flat[order]
-    rank = (
-        torch.arange(num_rows, device=flat.device) - (torch.cumsum(counts, 0) - counts)[expert_of]
-    )
-    dest = (torch.cumsum(padded, 0) - padded)[expert_of] + rank
-    num_blocks = triton.cdiv(num_rows + num_experts * (block_m - 1), block_m)
-    sorted_ids = torch.full(
-        (num_blocks * block_m,), num_rows, dtype=torch.int32, device=flat.device
-    )
-    sorted_ids[dest] = order.to(torch.int32)
-    block_ends = torch.cumsum(padded // block_m, 0)
-    blocks = torch.arange(num_blocks, device=flat.device)
-    expert_ids = torch.searchsorted(block_ends, blocks, right=True)
-    expert_ids = torch.where(expert_ids < num_experts, expert_ids, -1).to(torch.int32)
-    return AlignedRouting(sorted_ids, expert_ids, block_m)
-
-
 @triton.jit
 def _moe_gemm_kernel(  # noqa: PLR0913, PLR0915 -- a kernel takes every stride as an argument
     A, B, C, sorted_ids, expert_ids, RowWeights,
@@ -157,29 +114,34 @@ def _moe_gemm_kernel(  # noqa: PLR0913, PLR0915 -- a kernel takes every stride a
     )
 
 
-class _Gemm(NamedTuple):
-    """One grouped GEMM: out[row] = a[row // a_row_div] @ w[expert]^T (* row weight)."""
+def grouped_gemm(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor,
+    routing: AlignedRouting,
+    *,
+    a_row_div: int = 1,
+    row_weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """out[row] = a[row // a_row_div] @ w[e]^T (* row_weights[row]) for every routed row.
 
-    a: torch.Tensor  # [rows of A, K]
-    w: torch.Tensor  # [num_experts, N, K]
-    out: torch.Tensor  # [T * top_k, N]
-    a_row_div: int
-    row_weights: torch.Tensor | None  # [T * top_k] fp32, or None
-
-
-def _grouped_gemm(g: _Gemm, routing: AlignedRouting, upcast: bool) -> None:
-    num_experts, n, k = g.w.shape
+    a: [num_a_rows, K]; w: [num_experts, N, K] (any strides); out: [T * top_k, N], written only
+    at the rows `routing` names (all of them for a full routing). e is the expert of the row's
+    block. row_weights: [T * top_k] fp32 or None. fp32 accumulation, stored in out's dtype.
+    """
+    num_experts, n, k = w.shape
+    upcast = is_interpreted(a)
     block_n, block_k = (32, 16) if upcast else (64, 32)
     grid = (routing.expert_ids.shape[0], triton.cdiv(n, block_n))
-    weights = g.out if g.row_weights is None else g.row_weights
     _moe_gemm_kernel[grid](
-        g.a, g.w, g.out, routing.sorted_ids, routing.expert_ids, weights,
-        n, k, g.out.shape[0],
-        g.a.stride(0), g.a.stride(1), g.w.stride(0), g.w.stride(1), g.w.stride(2),
-        g.out.stride(0), g.out.stride(1),
-        A_ROW_DIV=g.a_row_div, MUL_WEIGHT=g.row_weights is not None,
+        a, w, out, routing.sorted_ids, routing.expert_ids,
+        out if row_weights is None else row_weights, n, k, out.shape[0],
+        a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2),
+        out.stride(0), out.stride(1),
+        A_ROW_DIV=a_row_div, MUL_WEIGHT=row_weights is not None,
         BLOCK_M=routing.block_m, BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=upcast,
     )  # fmt: skip
+    return out
 
 
 def fused_moe(
@@ -204,14 +166,14 @@ def fused_moe(
     num_rows = num_tokens * top_k
     if num_tokens == 0:
         return hidden.new_empty(0, hidden_size)
-    upcast = is_interpreted(hidden)
     if block_m is None:
-        block_m = 16 if upcast or num_rows <= 16 * num_experts else 64
+        block_m = 16 if is_interpreted(hidden) or num_rows <= 16 * num_experts else 64
     routing = moe_align_block_size(topk.ids, num_experts, block_m)
-    gate_up = hidden.new_empty(num_rows, two_inter)
-    _grouped_gemm(_Gemm(hidden, w13, gate_up, top_k, None), routing, upcast)
+    gate_up = grouped_gemm(
+        hidden, w13, hidden.new_empty(num_rows, two_inter), routing, a_row_div=top_k
+    )
     inter = silu_and_mul(gate_up)
     down = hidden.new_empty(num_rows, hidden_size, dtype=torch.float32)
     row_weights = topk.weights.flatten().to(torch.float32)
-    _grouped_gemm(_Gemm(inter, w2, down, 1, row_weights), routing, upcast)
+    grouped_gemm(inter, w2, down, routing, row_weights=row_weights)
     return down.view(num_tokens, top_k, hidden_size).sum(1).to(hidden.dtype)

@@ -10,7 +10,14 @@ from dataclasses import dataclass
 
 import torch
 
-from radixserve.kernels.layout import NormOutput, PagedKv, RaggedKv, RotaryOutput, TopKOutput
+from radixserve.kernels.layout import (
+    AlignedRouting,
+    NormOutput,
+    PagedKv,
+    RaggedKv,
+    RotaryOutput,
+    TopKOutput,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +176,28 @@ def topk_softmax_ref(router_logits: torch.Tensor, top_k: int, renormalize: bool)
     if renormalize:
         weights = weights / weights.sum(-1, keepdim=True)
     return TopKOutput(weights, ids.to(torch.int32))
+
+
+def grouped_gemm_ref(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor,
+    routing: AlignedRouting,
+    *,
+    a_row_div: int = 1,
+    row_weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Block by block: out[row] = a[row // a_row_div] @ w[e]^T (* weight). See `grouped_gemm`."""
+    blocks = routing.sorted_ids.view(-1, routing.block_m).long()
+    for rows, expert in zip(blocks, routing.expert_ids.tolist(), strict=True):
+        rows = rows[rows < out.shape[0]]
+        if expert < 0 or rows.numel() == 0:
+            continue
+        y = a[rows // a_row_div].float() @ w[expert].float().T
+        if row_weights is not None:
+            y = y * row_weights[rows, None].float()
+        out[rows] = y.to(out.dtype)
+    return out
 
 
 def fused_moe_ref(
