@@ -32,6 +32,11 @@ def put(cache: RadixCache, tokens: list[int]) -> tuple[int, torch.Tensor]:
     return prefix, slots
 
 
+def cached_size(cache: RadixCache) -> int:
+    """Tokens held by the tree, locked or not."""
+    return cache.evictable_size() + cache.protected_size()
+
+
 def tree_nodes(cache: RadixCache) -> list[TreeNode]:
     nodes = list(cache.root.children.values())
     for node in nodes:  # the list grows while we walk it: breadth-first
@@ -104,7 +109,7 @@ def test_partial_match_splits_the_node_at_the_page_aligned_match(
     assert m.last_node.key == seq[:cut] and only_child(cache.root) is m.last_node
     lower = only_child(m.last_node)
     assert lower.key == seq[cut:] and torch.equal(lower.value, slots[cut:])
-    assert cache.total_size() == len(seq)
+    assert cached_size(cache) == len(seq)
 
 
 def test_paged_insert_splits_only_at_a_page_boundary() -> None:
@@ -114,7 +119,7 @@ def test_paged_insert_splits_only_at_a_page_boundary() -> None:
     upper = only_child(cache.root)
     assert upper.key == SEQ[:16]
     assert sorted(len(c.key) for c in upper.children.values()) == [16, 16]
-    assert cache.total_size() == 256 - cache.allocator.available_size() == 48
+    assert cached_size(cache) == 256 - cache.allocator.available_size() == 48
 
 
 def test_lock_protects_node_and_ancestors_until_the_last_unlock() -> None:
@@ -256,8 +261,8 @@ ops = st.lists(
 
 def check_invariant(cache: RadixCache) -> None:
     nodes = tree_nodes(cache)
-    assert cache.allocator.available_size() + cache.total_size() == POOL
-    assert sum(len(n.key) for n in nodes) == cache.total_size()
+    assert cache.allocator.available_size() + cached_size(cache) == POOL
+    assert sum(len(n.key) for n in nodes) == cached_size(cache)
     assert sum(len(n.key) for n in nodes if n.lock_ref) == cache.protected_size()
     slots = torch.cat([cache.root.value, *(n.value for n in nodes)])
     assert slots.unique().numel() == slots.numel()

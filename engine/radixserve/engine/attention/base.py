@@ -2,8 +2,10 @@
 
 Contract: `forward` first writes the new K/V at `forward_batch.out_cache_loc` into the KV
 pool, then attends each request's queries over its whole history, read through
-`req_to_token[req_pool_indices[i], :seq_lens[i]]`. `init_forward_metadata` runs once per
-forward (not per layer) and may precompute indices shared by all layers.
+`forward_batch.kv_rows[i, :seq_lens[i]]`: the copy of `req_to_token[req_pool_indices[i]]` taken
+when the batch was built (under overlap the live rows may already hold the next batch's).
+`init_forward_metadata` runs once per forward (not per layer) and may precompute indices
+shared by all layers.
 """
 
 from __future__ import annotations

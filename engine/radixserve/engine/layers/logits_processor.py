@@ -1,6 +1,5 @@
 """LogitsProcessor: picks the hidden state of each request's last new token and applies the
-LM head; with `return_all_logits` it also returns logits at every new position (for input
-logprobs). Logits are returned in float32 whatever the model dtype, for stable sampling.
+LM head. Logits are returned in float32 whatever the model dtype, for stable sampling.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class LogitsProcessorOutput:
     next_token_logits: torch.Tensor  # [B, V] float32
-    all_logits: torch.Tensor | None = None  # [T, V] float32 when asked for
 
 
 class LogitsProcessor(nn.Module):
@@ -32,6 +30,4 @@ class LogitsProcessor(nn.Module):
         else:
             ends = torch.tensor(forward_batch.extend_seq_lens_cpu, device=hidden.device).cumsum(0)
             last = hidden[ends - 1]
-        logits = lm_head(last).float()
-        all_logits = lm_head(hidden).float() if forward_batch.return_all_logits else None
-        return LogitsProcessorOutput(logits, all_logits)
+        return LogitsProcessorOutput(lm_head(last).float())

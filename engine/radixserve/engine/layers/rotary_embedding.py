@@ -43,7 +43,7 @@ def _yarn_inv_freq(
         return (head_dim * math.log(orig / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
 
     low = max(math.floor(correction_dim(s.beta_fast)), 0)
-    high = min(math.ceil(correction_dim(s.beta_slow)), head_dim - 1)
+    high: float = min(math.ceil(correction_dim(s.beta_slow)), head_dim - 1)
     if low == high:
         high += 0.001  # avoid a zero-width ramp
     ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
@@ -96,6 +96,9 @@ def apply_rotary(
 
 class RotaryEmbedding(nn.Module):
     """Owns one model's cos/sin tables ([max_position, D] float32 buffers)."""
+
+    cos_cached: torch.Tensor
+    sin_cached: torch.Tensor
 
     def __init__(self, head_dim: int, max_position: int, base: float, scaling: RopeScaling) -> None:
         super().__init__()

@@ -1,6 +1,8 @@
 """Publishes the radix cache's KV events over ZMQ, wire-compatible with SGLang's publisher.
 
-One publisher per DP rank (ports offset by 2 × dp_rank):
+One publisher per scheduler process. Today an engine runs one scheduler (dp_rank 0, data
+parallelism is not built yet); the ports already follow the per-rank rule DP will use, PUB on
+port + 2 × dp_rank and replay on the next port:
 - PUB on tcp://host:port: each batch as frames `[topic, seq (8-byte big-endian signed),
   payload (msgpack KVEventBatch)]`; seq counts from 0 per publisher (a restart starts again
   at 0, which tells subscribers to reset their mirror).
@@ -57,7 +59,7 @@ class ZmqKVEventPublisher:
         buffer_steps: int = BUFFER_STEPS,
         hwm: int = SNDHWM,
         topic: bytes = b"",
-        ctx: zmq.Context | None = None,
+        ctx: zmq.Context[Any] | None = None,
     ) -> None:
         if buffer_steps < 1:
             raise ValueError(f"buffer_steps: must be ≥ 1, got {buffer_steps}")
@@ -87,7 +89,6 @@ class ZmqKVEventPublisher:
         except zmq.ZMQError:
             self.close()
             raise
-        self.closed = False
 
     # ---- publishing ---------------------------------------------------------------------------
 
@@ -154,4 +155,3 @@ class ZmqKVEventPublisher:
             sock.close(linger=0)
         if self._own_ctx:
             self.ctx.term()
-        self.closed = True

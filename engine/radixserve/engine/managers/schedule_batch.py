@@ -8,6 +8,7 @@ input ids / positions / output slots; `to_forward_batch` turns that into device 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -16,6 +17,9 @@ from radixserve.engine.mem_cache.allocator import BaseTokenAllocator
 from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache
 from radixserve.engine.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from radixserve.engine.model_executor.forward_batch import ForwardBatch, ForwardMode
+
+if TYPE_CHECKING:
+    from radixserve.engine.attention.base import AttentionBackend
 
 
 class OutOfKVMemoryError(RuntimeError):
@@ -70,9 +74,6 @@ class ScheduleBatch:
     seq_lens: list[int] = field(default_factory=list)
     decoding_reqs: list[Req] = field(default_factory=list)  # MIXED: the running decodes
 
-    def is_empty(self) -> bool:
-        return not self.reqs
-
     @property
     def batch_size(self) -> int:
         return len(self.reqs)
@@ -103,6 +104,7 @@ class ScheduleBatch:
         self.out_cache_loc = slots
         self.input_ids, self.positions, start = [], [], 0
         for r, p, e in zip(reqs, self.prefix_lens, self.extend_lens, strict=True):
+            assert r.req_pool_idx is not None
             pool.write(r.req_pool_idx, p, slots[start : start + e])
             start += e
             self.input_ids += r.fill_ids[p:]
@@ -147,7 +149,9 @@ class ScheduleBatch:
     def merge_batch(self, other: ScheduleBatch) -> None:
         self.reqs = self.reqs + other.reqs
 
-    def to_forward_batch(self, device: torch.device, attn_backend: object) -> ForwardBatch:
+    def to_forward_batch(
+        self, device: torch.device, attn_backend: AttentionBackend
+    ) -> ForwardBatch:
         def t(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=device)
 
@@ -165,10 +169,9 @@ class ScheduleBatch:
             out_cache_loc=self.out_cache_loc.to(device),
             extend_prefix_lens_cpu=list(self.prefix_lens),
             extend_seq_lens_cpu=list(self.extend_lens),
+            seq_lens_cpu=list(self.seq_lens),
             req_to_token_pool=self.kv.req_to_token_pool,
             token_to_kv_pool=self.kv.token_to_kv_pool,
-            attn_backend=attn_backend,  # type: ignore[arg-type]
-            return_all_logits=False,
-            seq_lens_cpu=list(self.seq_lens),
+            attn_backend=attn_backend,
             kv_rows=kv_rows,
         )

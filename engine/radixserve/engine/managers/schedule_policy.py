@@ -13,8 +13,6 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 
-import torch
-
 from radixserve.engine.managers.prefix_match import StepPrefixMatches
 from radixserve.engine.managers.req import Req
 from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache
@@ -62,17 +60,20 @@ class SchedulePolicy:
         ]
 
     def _held_back(self, waiting: list[Req], matches: StepPrefixMatches) -> set[int]:
-        """Ids of requests to hold back: they share an uncached prefix with an earlier one."""
-        shadow = RadixCache(None, None, page_size=1)  # type: ignore[arg-type] - keys only
+        """Ids of requests to hold back: their first IN_BATCH_DEPRIORITIZE_THRESHOLD tokens,
+        uncached, equal those of an earlier request that is not held back."""
+        n = IN_BATCH_DEPRIORITIZE_THRESHOLD
+        leading: set[tuple[int, ...]] = set()  # first n tokens of the requests let through
         held: set[int] = set()
         for req in waiting:
             if matches.get(req).length > IN_BATCH_CHECK_THRESHOLD:
                 continue
             key = req.full_ids()
-            if shadow.peek_prefix(key).length >= IN_BATCH_DEPRIORITIZE_THRESHOLD:
+            head = tuple(key[:n])
+            if len(key) >= n and head in leading:
                 held.add(id(req))
-            else:
-                shadow.insert(key, torch.zeros(len(key), dtype=torch.int64))
+            elif len(key) >= n:
+                leading.add(head)
         return held
 
     def _dfs_weight(self, waiting: list[Req], matches: StepPrefixMatches) -> list[Req]:
@@ -86,10 +87,10 @@ class SchedulePolicy:
             nodes[id(node)] = node
         weight: dict[int, int] = defaultdict(int)
         for nid, reqs in by_node.items():
-            node: TreeNode | None = nodes[nid]
-            while node is not None:
-                weight[id(node)] += len(reqs)
-                node = node.parent
+            up: TreeNode | None = nodes[nid]
+            while up is not None:
+                weight[id(up)] += len(reqs)
+                up = up.parent
         out: list[Req] = []
         stack: list[TreeNode] = [tree.root]
         while stack:

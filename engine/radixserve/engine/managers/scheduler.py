@@ -303,7 +303,10 @@ class Scheduler:
     def abort_request(self, rid: str, abort_all: bool = False) -> list[Req]:
         """Abort queued requests at once (returned, already finished) and running ones at
         their next step (they finish with an abort reason through the normal path)."""
-        hit = lambda r: abort_all or r.rid == rid  # noqa: E731
+
+        def hit(req: Req) -> bool:
+            return abort_all or req.rid == rid
+
         reason = FinishAbort("aborted by request", 400)
         aborted = [r for r in self.waiting_queue if hit(r)]
         self.waiting_queue = [r for r in self.waiting_queue if not hit(r)]

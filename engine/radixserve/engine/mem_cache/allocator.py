@@ -4,6 +4,8 @@ Contract shared by both: slot 0 is reserved; `alloc*` returns None and takes not
 pool cannot cover the request (the caller then evicts from the prefix cache or retracts);
 `free` accepts any slots previously handed out. For the paged allocator a page is free only
 when all of its slots are, and requests never share a partially filled page.
+NOTE: the free lists are host bookkeeping of the scheduler (no device sync per step); slots
+come out as host int64 tensors and are copied to `device`, the pool's, where they are written.
 """
 
 from __future__ import annotations
@@ -38,16 +40,13 @@ class BaseTokenAllocator(ABC):
     def clear(self) -> None:
         """Forget every allocation."""
 
-    def alloc_decode(self, seq_lens: list[int], last_locs: list[int]) -> torch.Tensor | None:
-        """One slot per request for position seq_len − 1 (seq_lens include the new token)."""
-        return self.alloc_extend([n - 1 for n in seq_lens], seq_lens, last_locs)
-
 
 class TokenToKVPoolAllocator(BaseTokenAllocator):
     """Page size 1: a free list of slots 1..size."""
 
     def __init__(self, size: int, device: torch.device) -> None:
         super().__init__(size, 1, device)
+        self._free = torch.empty(0, dtype=torch.int64)  # [n] int64 free slots, host
         self.clear()
 
     def available_size(self) -> int:
@@ -80,6 +79,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenAllocator):
             raise ValueError(f"max_total_tokens {size} is not a multiple of page_size {page_size}")
         super().__init__(size, page_size, device)
         self.num_pages = size // page_size
+        self._free_pages: list[int] = []
         self.clear()
 
     def available_size(self) -> int:

@@ -72,9 +72,6 @@ class RadixCache(BasePrefixCache):
     def protected_size(self) -> int:
         return self._protected
 
-    def total_size(self) -> int:
-        return self._evictable + self._protected
-
     def cached_page_hashes(self) -> list[int]:
         """Event hashes (int64) of every page in the tree, for mirrors to compare against
         (empty when events are off: pages are hashed only for the event stream)."""

@@ -1,1 +1,1 @@
-"""ForwardBatch (tensors for one forward) and ModelRunner (weights, pools, forward, sample)."""
+"""ForwardBatch (tensors for one forward) and ModelRunner (weights, KV pools, forward)."""

@@ -7,7 +7,7 @@ request i computes positions [extend_prefix_lens[i], seq_lens[i]); a decode is a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum, auto
 from typing import TYPE_CHECKING
 
@@ -42,21 +42,14 @@ class ForwardBatch:
     out_cache_loc: torch.Tensor  # [T] int64, KV slots the new tokens are written to
     extend_prefix_lens_cpu: list[int]  # [B]
     extend_seq_lens_cpu: list[int]  # [B], new tokens per request (1 for decodes)
-    req_to_token_pool: ReqToTokenPool
+    seq_lens_cpu: list[int]  # [B]
+    req_to_token_pool: ReqToTokenPool  # the live rows (kernels index them by req_pool_indices)
     token_to_kv_pool: MHATokenToKVPool
     attn_backend: AttentionBackend
-    return_all_logits: bool = False  # also return logits at every position (input logprobs)
-    seq_lens_cpu: list[int] = field(default_factory=list)
     # [B, max(seq_lens)] int64: a copy of each request's req_to_token row taken when the
     # batch was built, so the CPU may rewrite rows for the next batch during this forward.
-    kv_rows: torch.Tensor | None = None
+    kv_rows: torch.Tensor
 
     def req_kv_rows(self, max_len: int) -> torch.Tensor:
-        if self.kv_rows is not None:
-            return self.kv_rows[:, :max_len]
-        rows = self.req_to_token_pool.req_to_token[self.req_pool_indices, :max_len]
-        return rows.to(torch.int64)
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.numel())
+        """[B, max_len] int64 KV slots of each request's positions (beyond seq_len: junk)."""
+        return self.kv_rows[:, :max_len]

@@ -1,7 +1,8 @@
-"""ModelRunner: loads weights, sizes and owns the KV pools, runs forward and sampling.
+"""ModelRunner: loads weights, sizes and owns the KV pools and the allocator, runs the forward.
 
 One per scheduler process (rank). The scheduler builds a ForwardBatch from its ScheduleBatch
-and calls `forward`; nothing here knows about requests or queues.
+and calls `forward`, which returns next-token logits; sampling them is the scheduler's (its
+Sampler). Nothing here knows about requests or queues.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from radixserve.engine.mem_cache import MHATokenToKVPool, ReqToTokenPool, create
 from radixserve.engine.model_executor.forward_batch import ForwardBatch
 from radixserve.engine.model_loader.loader import LoadedModelFiles
 from radixserve.engine.models import get_model_class
+from radixserve.engine.models.base import CausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +70,7 @@ def compute_pool_sizes(args: ServerArgs, config: ModelConfig, device: torch.devi
 
 class ModelRunner:
     def __init__(
-        self, args: ServerArgs, files: LoadedModelFiles, model: torch.nn.Module | None = None
+        self, args: ServerArgs, files: LoadedModelFiles, model: CausalLM | None = None
     ) -> None:
         self.args = args
         self.model_config = files.config
@@ -99,7 +101,7 @@ class ModelRunner:
             self.sizes.source,
         )
 
-    def _load_model(self, files: LoadedModelFiles) -> torch.nn.Module:
+    def _load_model(self, files: LoadedModelFiles) -> CausalLM:
         start = time.perf_counter()
         cls = get_model_class(files.config.architecture)
         with torch.device(self.device):
@@ -127,4 +129,7 @@ class ModelRunner:
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         self.attn_backend.init_forward_metadata(forward_batch)
         with torch.inference_mode():
-            return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
+            out: LogitsProcessorOutput = self.model(
+                forward_batch.input_ids, forward_batch.positions, forward_batch
+            )
+        return out

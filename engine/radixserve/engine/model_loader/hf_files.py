@@ -15,7 +15,8 @@ import torch
 
 def read_hf_config(folder: Path) -> dict[str, Any]:
     with open(folder / "config.json") as f:
-        return json.load(f)
+        config: dict[str, Any] = json.load(f)
+    return config
 
 
 def read_eos_token_ids(folder: Path | None, config: dict[str, Any]) -> tuple[int, ...]:
@@ -31,7 +32,7 @@ def read_eos_token_ids(folder: Path | None, config: dict[str, Any]) -> tuple[int
 
 
 def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors.torch import safe_open  # heavy optional dependency of the engine extra
+    from safetensors import safe_open  # heavy optional dependency of the engine extra
 
     files = sorted(folder.glob("*.safetensors"))
     if not files:

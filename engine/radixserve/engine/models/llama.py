@@ -22,6 +22,7 @@ from radixserve.engine.layers.logits_processor import LogitsProcessor, LogitsPro
 from radixserve.engine.layers.radix_attention import RadixAttention
 from radixserve.engine.layers.rotary_embedding import RotaryCosSin, RotaryEmbedding, apply_rotary
 from radixserve.engine.layers.vocab_embedding import LMHead, VocabEmbedding
+from radixserve.engine.models.base import CausalLM
 
 if TYPE_CHECKING:  # annotations only: model_executor sits above models in the layers
     from radixserve.engine.model_executor.forward_batch import ForwardBatch
@@ -68,7 +69,8 @@ class LlamaAttention(nn.Module):
             q, k = self.q_norm.forward_plain(q), self.k_norm.forward_plain(k)
         q, k = apply_rotary(q, k, rope)
         out = self.attn(q.reshape(-1, self.q_size), k.reshape(-1, self.kv_size), v, forward_batch)
-        return self.o_proj(out)
+        projected: torch.Tensor = self.o_proj(out)
+        return projected
 
 
 class LlamaMLP(nn.Module):
@@ -80,7 +82,8 @@ class LlamaMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        out: torch.Tensor = self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        return out
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -125,11 +128,11 @@ class LlamaModel(nn.Module):
         residual: torch.Tensor | None = None
         for layer in self.layers:
             hidden, residual = layer(rope, hidden, residual, forward_batch)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
+        normed: torch.Tensor = self.norm(hidden, residual)[0]
+        return normed
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
@@ -143,7 +146,8 @@ class LlamaForCausalLM(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
     ) -> LogitsProcessorOutput:
         hidden = self.model(input_ids, positions, forward_batch)
-        return self.logits_processor(hidden, self.lm_head, forward_batch)
+        out: LogitsProcessorOutput = self.logits_processor(hidden, self.lm_head, forward_batch)
+        return out
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors in (cast to the parameter dtype); fail on any left unset."""

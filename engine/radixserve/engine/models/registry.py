@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from torch import nn
-
+from radixserve.engine.models.base import CausalLM
 from radixserve.engine.models.llama import LlamaForCausalLM
 from radixserve.engine.models.qwen2 import Qwen2ForCausalLM
 from radixserve.engine.models.qwen3 import Qwen3ForCausalLM
 
-_MODELS: dict[str, type[nn.Module]] = {
+_MODELS: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
@@ -19,7 +18,7 @@ def supported_architectures() -> list[str]:
     return sorted(_MODELS)
 
 
-def get_model_class(architecture: str) -> type[nn.Module]:
+def get_model_class(architecture: str) -> type[CausalLM]:
     cls = _MODELS.get(architecture)
     if cls is None:
         raise ValueError(

@@ -1,0 +1,28 @@
+"""CausalLM: what the ModelRunner needs of every model architecture (runs in the scheduler
+process, on the runner's device). Architectures subclass it, one file each, and register in
+`registry`; they know ForwardBatch only as the argument they pass on to attention."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:  # annotations only: model_executor sits above models in the layers
+    from radixserve.engine.layers.logits_processor import LogitsProcessorOutput
+    from radixserve.engine.model_executor.forward_batch import ForwardBatch
+
+
+class CausalLM(nn.Module, ABC):
+    @abstractmethod
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
+    ) -> LogitsProcessorOutput:
+        """input_ids, positions: [T] int64 (all new tokens of the batch) → next-token logits."""
+
+    @abstractmethod
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors (HF names) into the parameters; fail on any left unset."""
