@@ -11,6 +11,7 @@ emulator; lists we own (containers, ports, env) are replaced whole, which is wha
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import tempfile
@@ -50,26 +51,57 @@ def _path(api_version: str, kind: str, namespace: str, name: str | None = None) 
     return f"{path}/{name}" if name else path
 
 
-def _pem_file(path: Any, data: str | bytes | None) -> str | None:
-    """kubernetes_asyncio wants files; kubeconfigs may carry inline (base64) PEM data."""
-    if path:
-        return os.fsdecode(path)
-    if not data:
-        return None
-    raw = data.encode() if isinstance(data, str) else data
-    pem = raw if raw.startswith(b"-----BEGIN ") else base64.b64decode(raw)
-    with tempfile.NamedTemporaryFile("wb", suffix=".pem", delete=False) as f:
-        f.write(pem)
-    return f.name
+class CredentialFiles:
+    """The PEM files written for a kubeconfig's inline credentials; `close()` deletes them.
+
+    kubernetes_asyncio loads certificates and keys only from files, so inline (base64) data is
+    written to private temporary files (mode 0600) that live as long as the client using them:
+    `Kube.close()`, called from the operator's cleanup and on re-login, closes this too.
+    """
+
+    def __init__(self) -> None:
+        self._paths: list[str] = []
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(self._paths)
+
+    def pem(self, path: Any, data: str | bytes | None) -> str | None:
+        """The file to give the client: `path` as is, else a new file holding `data`."""
+        if path:
+            return os.fsdecode(path)
+        if not data:
+            return None
+        raw = data.encode() if isinstance(data, str) else data
+        pem = raw if raw.startswith(b"-----BEGIN ") else base64.b64decode(raw)
+        with tempfile.NamedTemporaryFile(
+            "wb", prefix="radixserve-", suffix=".pem", delete=False
+        ) as f:
+            self._paths.append(f.name)
+            f.write(pem)
+        return f.name
+
+    def close(self) -> None:
+        """Delete every file written; safe to call more than once."""
+        while self._paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._paths.pop())
+
+    def __enter__(self) -> CredentialFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-def configuration(info: kopf.ConnectionInfo) -> Configuration:
-    """The client configuration for the same endpoint and credentials kopf logged in with."""
+def configuration(info: kopf.ConnectionInfo, files: CredentialFiles) -> Configuration:
+    """The client configuration for the same endpoint and credentials kopf logged in with;
+    inline PEM data goes to `files`, which the caller closes when the client is closed."""
     cfg = Configuration(host=info.server.rstrip("/"))
     cfg.verify_ssl = not info.insecure
-    cfg.ssl_ca_cert = _pem_file(info.ca_path, info.ca_data)
-    cfg.cert_file = _pem_file(info.certificate_path, info.certificate_data)
-    cfg.key_file = _pem_file(info.private_key_path, info.private_key_data)
+    cfg.ssl_ca_cert = files.pem(info.ca_path, info.ca_data)
+    cfg.cert_file = files.pem(info.certificate_path, info.certificate_data)
+    cfg.key_file = files.pem(info.private_key_path, info.private_key_data)
     if info.token:
         cfg.api_key = {"BearerToken": info.token}
         cfg.api_key_prefix = {"BearerToken": info.scheme or "Bearer"}
@@ -130,15 +162,27 @@ def owned_by(live: Mapping[str, Any], owner_uid: str) -> bool:
 class Kube:
     """Typed-enough access to the few kinds the operator manages; bodies are plain dicts."""
 
-    def __init__(self, api: ApiClient) -> None:
+    def __init__(self, api: ApiClient, files: CredentialFiles | None = None) -> None:
         self.api = api
+        self.files = files or CredentialFiles()
 
     @classmethod
     def connect(cls, info: kopf.ConnectionInfo) -> Kube:
-        return cls(ApiClient(configuration(info)))
+        """A client for `info`; its credential files are deleted by `close()` (or right away
+        when the client cannot be built)."""
+        files = CredentialFiles()
+        try:
+            return cls(ApiClient(configuration(info, files)), files)
+        except BaseException:
+            files.close()
+            raise
 
     async def close(self) -> None:
-        await self.api.close()
+        """Close the HTTP session and delete the credential files; safe to call twice."""
+        try:
+            await self.api.close()
+        finally:
+            self.files.close()
 
     async def _call(self, method: str, path: str, body: Any = None, patch: bool = False) -> Any:
         headers = {"Accept": "application/json"}
