@@ -24,6 +24,7 @@ from radixserve.kernels import (
     activation,
     decode_attention,
     extend_attention,
+    kv_index,
     kv_store,
     moe,
     norm,
@@ -33,7 +34,7 @@ from radixserve.kernels.layout import PagedKv, RaggedKv, TopKOutput
 
 TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
          torch.int32: "i32", torch.int64: "i64"}  # fmt: skip
-MODULES = (activation, decode_attention, extend_attention, kv_store, moe, norm, rotary)
+MODULES = (activation, decode_attention, extend_attention, kv_index, kv_store, moe, norm, rotary)
 
 
 @dataclass
@@ -97,6 +98,8 @@ def _launch_everything(dtype: torch.dtype) -> None:
         torch.empty(t, hq, d, dtype=dtype), new, kv, 0.1, logit_cap=5.0
     )
     kv_store.store_kv(*pool, torch.arange(t), new.k, new.v)
+    req_to_token = torch.zeros(4, 32, dtype=torch.int32)
+    kv_index.fill_kv_indices(req_to_token, torch.arange(2), torch.tensor([3, 9]), kv.kv_indices)
     x = torch.empty(t, 4096, dtype=dtype)
     norm.rms_norm(x, torch.empty(4096, dtype=dtype), 1e-6)
     norm.rms_norm(x, torch.empty(4096, dtype=dtype), 1e-6, residual=torch.empty_like(x))

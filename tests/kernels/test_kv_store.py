@@ -1,10 +1,11 @@
-"""The KV store kernel and the kv-index builder (req_to_token -> kv_indptr / kv_indices)."""
+"""The KV store kernel and the kv-index builders (req_to_token -> kv_indptr / kv_indices)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from radixserve.kernels.kv_index import fill_kv_indices
 from radixserve.kernels.kv_store import store_kv
 from radixserve.kernels.layout import build_kv_indices
 from radixserve.kernels.reference import store_kv_ref
@@ -59,3 +60,22 @@ def test_build_kv_indices_flattens_each_requests_rows(page_size: int, gen: torch
         assert indices[indptr[i] : indptr[i + 1]].tolist() == pool.req_to_token[row, :n].tolist()
     if page_size == 16:  # page-aligned runs: every request's slots start on a page boundary
         assert all(int(indices[s]) % 16 == 0 for s in (0, 5, 38))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_fill_kv_indices_matches_the_host_builder(
+    device: str, page_size: int, gen: torch.Generator
+) -> None:
+    lens = [5, 0, 33, 16] if device == "cpu" else [4096, 0, 1, 2000, 77]
+    pool = make_pool(lens, page_size, gen, device)
+    seq_lens = torch.tensor(lens, dtype=torch.int64, device=device)
+    want = build_kv_indices(pool.req_to_token, pool.req_pool_indices, seq_lens)
+    buffer = torch.full((sum(lens) + 7,), -1, dtype=torch.int32, device=device)  # graph-sized
+    got = fill_kv_indices(pool.req_to_token, pool.req_pool_indices, seq_lens, buffer)
+    assert got.kv_indices is buffer
+    assert torch.equal(got.kv_indptr, want.kv_indptr)
+    assert torch.equal(buffer[: sum(lens)], want.kv_indices)
+    assert (buffer[sum(lens) :] == -1).all(), "past the end stays untouched"
+    exact = fill_kv_indices(pool.req_to_token, pool.req_pool_indices, seq_lens)
+    assert torch.equal(exact.kv_indices, want.kv_indices)
