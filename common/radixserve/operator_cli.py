@@ -35,12 +35,12 @@ def run_operator(args: argparse.Namespace) -> int:
     from radixserve.operator.handlers import register
 
     config = OperatorConfig.from_env()
-    overrides = {
-        "namespaces": tuple(args.namespace) or config.namespaces,
-        "engine_image": args.engine_image or config.engine_image,
-        "router_image": args.router_image or config.router_image,
-    }
-    config = dataclasses.replace(config, **overrides)
+    config = dataclasses.replace(
+        config,
+        namespaces=tuple(args.namespace) or config.namespaces,
+        engine_image=args.engine_image or config.engine_image,
+        router_image=args.router_image or config.router_image,
+    )
     registry = kopf.OperatorRegistry()
     register(registry, config)
     # standalone: one replica (the chart runs one, Recreate) needs no peering CRD.

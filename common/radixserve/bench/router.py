@@ -80,7 +80,7 @@ def _exe() -> str:
     return str(Path(sys.executable).with_name("radixserve"))
 
 
-def start_router(args: argparse.Namespace, urls: list[str], policy: str) -> subprocess.Popen:
+def start_router(args: argparse.Namespace, urls: list[str], policy: str) -> subprocess.Popen[bytes]:
     flags = POLICY_FLAGS.get(policy, ["--policy", policy])
     cmd = [
         _exe(), "router", "--port", str(args.router_port), "--worker-urls", *urls, *flags,
@@ -90,7 +90,7 @@ def start_router(args: argparse.Namespace, urls: list[str], policy: str) -> subp
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd="/tmp")
 
 
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -163,8 +163,9 @@ def run_policy(args: argparse.Namespace, urls: list[str], policy: str) -> dict[s
 
 def upper_bound(args: argparse.Namespace) -> float:
     """Cached share if every group lived on one replica and nothing were evicted."""
-    prefix, question = args.gsp_system_prompt_len, args.gsp_question_len
-    per = args.gsp_prompts_per_group
+    prefix: int = args.gsp_system_prompt_len
+    question: int = args.gsp_question_len
+    per: int = args.gsp_prompts_per_group
     cached = (per - 1) * prefix  # the first request of a group has nothing cached
     return cached / (per * (prefix + question))
 

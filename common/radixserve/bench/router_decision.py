@@ -43,7 +43,8 @@ NUM_QUERIES = 2000
 def documents(total: int, rng: random.Random, vocab: int = 49152) -> list[list[int]]:
     """Docs of a shared 500-token group prefix + a unique 500-token tail, `total` tokens."""
     groups = [[rng.randrange(100, vocab) for _ in range(GROUP_PREFIX)] for _ in range(10)]
-    docs, cached = [], 0
+    docs: list[list[int]] = []
+    cached = 0
     while cached < total:
         group = groups[len(docs) % len(groups)]
         docs.append(group + [rng.randrange(100, vocab) for _ in range(DOC_TAIL)])
@@ -66,7 +67,7 @@ def store_events(docs: list[list[int]], page_size: int) -> list[BlockStored]:
     return events
 
 
-def _publish(sock: zmq.Socket, events: list[Any]) -> None:
+def _publish(sock: zmq.Socket[bytes], events: list[Any]) -> None:
     batches = [[AllBlocksCleared()]] + [
         events[i : i + EVENTS_PER_BATCH] for i in range(0, len(events), EVENTS_PER_BATCH)
     ]
@@ -75,7 +76,9 @@ def _publish(sock: zmq.Socket, events: list[Any]) -> None:
         sock.send_multipart([b"", seq_to_bytes(seq), payload])
 
 
-async def _fill(index: CacheIndex, registry: WorkerRegistry, docs_per_target: list, page: int):
+async def _fill(
+    index: CacheIndex, registry: WorkerRegistry, docs_per_target: list[list[list[int]]], page: int
+) -> None:
     ctx = zmq.Context()
     socks = []
     try:
@@ -122,7 +125,9 @@ def _queries(docs: list[list[int]], prompt_len: int, rng: random.Random) -> list
     return out
 
 
-async def _measure(targets: int, cached: int, prompt_len: int, page: int, rng: random.Random):
+async def _measure(
+    targets: int, cached: int, prompt_len: int, page: int, rng: random.Random
+) -> dict[str, Any]:
     config = RouterConfig()
     async with httpx.AsyncClient() as client:
         index = CacheIndex()

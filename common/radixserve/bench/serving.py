@@ -147,6 +147,10 @@ async def run_benchmark(
         return list(results), time.perf_counter() - start
 
 
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else 0.0
+
+
 def _pct(values: list[float], q: float) -> float:
     if not values:
         return 0.0
@@ -162,7 +166,6 @@ def summarize(results: list[RequestResult], duration: float) -> dict[str, Any]:
     tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) * 1000 for r in ok if r.output_tokens > 1]
     itls = [x * 1000 for r in ok for x in r.itls]
     e2e = [r.latency * 1000 for r in ok]
-    mean = lambda v: statistics.fmean(v) if v else 0.0  # noqa: E731
     return {
         "successful": len(ok),
         "failed": len(results) - len(ok),
@@ -173,18 +176,18 @@ def summarize(results: list[RequestResult], duration: float) -> dict[str, Any]:
         "input_throughput": n_in / duration,
         "output_throughput": n_out / duration,
         "total_throughput": (n_in + n_out) / duration,
-        "mean_ttft_ms": mean(ttfts),
+        "mean_ttft_ms": _mean(ttfts),
         "median_ttft_ms": _pct(ttfts, 50),
         "p99_ttft_ms": _pct(ttfts, 99),
-        "mean_tpot_ms": mean(tpots),
+        "mean_tpot_ms": _mean(tpots),
         "median_tpot_ms": _pct(tpots, 50),
         "p99_tpot_ms": _pct(tpots, 99),
-        "mean_itl_ms": mean(itls),
+        "mean_itl_ms": _mean(itls),
         "median_itl_ms": _pct(itls, 50),
         "p95_itl_ms": _pct(itls, 95),
         "p99_itl_ms": _pct(itls, 99),
         "max_itl_ms": max(itls, default=0.0),
-        "mean_e2e_ms": mean(e2e),
+        "mean_e2e_ms": _mean(e2e),
         "median_e2e_ms": _pct(e2e, 50),
         "p99_e2e_ms": _pct(e2e, 99),
         "cache_hit_rate": sum(r.cached_tokens for r in ok) / max(n_in, 1),

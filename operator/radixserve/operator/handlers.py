@@ -112,8 +112,8 @@ class Runtime:
 
     async def login(self, **kwargs: Any) -> kopf.ConnectionInfo | None:
         """kopf and our client share one set of credentials (and one endpoint)."""
-        info = self._login(**kwargs)
-        info = await info if inspect.isawaitable(info) else info
+        result = self._login(**kwargs)
+        info: kopf.ConnectionInfo | None = await result if inspect.isawaitable(result) else result
         if info is not None:
             old, self._kube = self._kube, Kube.connect(info)
             if old is not None:
@@ -152,8 +152,10 @@ class Runtime:
                 logger.info("deleted %s %s", kind, name)
 
     async def resync_daemon(
-        self, stopped: kopf.DaemonStopped, name: str, namespace: str, logger: Any, **_: Any
+        self, stopped: kopf.DaemonStopped, name: str, namespace: str | None, logger: Any, **_: Any
     ) -> None:
+        if namespace is None:  # NOTE: the CRD is namespaced, so kopf always passes one
+            raise kopf.PermanentError("an InferenceService without a namespace")
         key = (namespace, name)
         wake = self.wakeups.setdefault(key, asyncio.Event())
         try:
@@ -188,9 +190,9 @@ class Runtime:
             return
         await self.write_status(body, spec, None)
 
-    async def child_event(self, namespace: str, labels: Mapping[str, str], **_: Any) -> None:
+    async def child_event(self, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         """A child changed (or vanished): wake its owner's daemon."""
-        wake = self.wakeups.get((namespace, labels.get(LABEL_OWNER, "")))
+        wake = self.wakeups.get((namespace or "", labels.get(LABEL_OWNER, "")))
         if wake is not None:
             wake.set()
 

@@ -29,7 +29,8 @@ OFFLOAD_TOKENIZE_BYTES = 64 * 1024  # bodies above this are tokenized on a worke
 
 
 def st(request: Request) -> RouterState:
-    return request.app.state.router
+    state: RouterState = request.app.state.router
+    return state
 
 
 async def read_body(request: Request) -> dict[str, Any] | Response:

@@ -100,7 +100,7 @@ class _GenerationBlock(Extension):
         return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
 
     def _body(self, caller: Any) -> str:
-        return caller()
+        return str(caller())
 
 
 class _SafeNamespace(Namespace):

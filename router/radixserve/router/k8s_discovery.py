@@ -19,7 +19,7 @@ import logging
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio import config as kube_config
@@ -30,6 +30,8 @@ from radixserve.router.config import RouterConfig
 from radixserve.router.targets import KVEndpoint
 
 if TYPE_CHECKING:
+    from aiohttp import ClientResponse
+
     from radixserve.router.workers import WorkerRegistry
 
 logger = logging.getLogger(__name__)
@@ -157,7 +159,7 @@ async def load_client_config() -> client.Configuration:
     """In-cluster service account first, else the kubeconfig named by $KUBECONFIG now."""
     cfg = client.Configuration()
     try:
-        kube_config.load_incluster_config(client_configuration=cfg)
+        kube_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]  # kubernetes_asyncio leaves this loader unannotated
     except ConfigException:
         # The library reads $KUBECONFIG at import time; read it at call time instead.
         path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
@@ -190,11 +192,16 @@ class _SliceWatcher:
 
     async def _list_and_watch(self, api: client.DiscoveryV1Api) -> None:
         selector = f"{SERVICE_LABEL}={self.service}"
-        resp = await api.list_namespaced_endpoint_slice(
-            self.namespace,
-            label_selector=selector,
-            _preload_content=False,
-            _request_timeout=(CONNECT_TIMEOUT_S, LIST_TIMEOUT_S),
+        # _preload_content=False returns the raw aiohttp response (not what the generated
+        # annotation says): the body is read as plain dicts, like the watch below.
+        resp = cast(
+            "ClientResponse",
+            await api.list_namespaced_endpoint_slice(
+                self.namespace,
+                label_selector=selector,
+                _preload_content=False,
+                _request_timeout=(CONNECT_TIMEOUT_S, LIST_TIMEOUT_S),
+            ),
         )
         async with resp:
             if resp.status != 200:

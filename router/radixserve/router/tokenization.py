@@ -50,7 +50,8 @@ def _ids(backend: Tokenizer, text: str, add_special_tokens: bool) -> list[int]:
     fast = getattr(backend, "encode_batch_fast", None)
     if fast is None:
         return backend.encode(text, add_special_tokens=add_special_tokens).ids
-    return fast([text], add_special_tokens=add_special_tokens)[0].ids
+    ids: list[int] = fast([text], add_special_tokens=add_special_tokens)[0].ids
+    return ids
 
 
 def _is_id(x: object) -> bool:
@@ -243,8 +244,9 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _token_text(value: Any) -> str:
     """A special token in tokenizer_config.json: a string or an AddedToken object."""
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
+    content = value.get("content") if isinstance(value, dict) else None
+    if isinstance(content, str):
+        return content
     if isinstance(value, str):
         return value
     raise ValueError(f"tokenizer_config.json: a special token must be a string, got {value!r}")
@@ -276,4 +278,4 @@ def _config_templates(value: Any) -> str | dict[str, str] | None:
     """tokenizer_config.json's chat_template: a string or a list of {name, template}."""
     if isinstance(value, list):
         return {e["name"]: e["template"] for e in value if isinstance(e, dict)}
-    return value
+    return value if isinstance(value, str) else None

@@ -256,7 +256,7 @@ class KVEventSubscriber:
                 sock.send_multipart([b"", seq_to_bytes(start)]), self._replay_timeout_s
             )
             out: list[tuple[int, bytes]] = []
-            while await sock.poll(timeout_ms, zmq.POLLIN):
+            while await sock.poll(timeout_ms):  # flags default to POLLIN
                 frames = await sock.recv_multipart()
                 if len(frames) < 2 or len(frames[-2]) != 8:
                     return None

@@ -31,7 +31,7 @@ Memory is bounded by what the replica holds plus the orphan FIFO.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from radixserve.protocol.kv_events import (
@@ -56,8 +56,13 @@ def encode_tokens(tokens: Sequence[int], field: str = "tokens") -> bytes:
 
 
 class _Keyed(Protocol):
-    key: bytes | bytearray
-    children: dict[bytes, _Keyed]
+    """A node of either tree as `match_bytes` reads it (read-only, so both node types fit)."""
+
+    @property
+    def key(self) -> bytes | bytearray: ...
+
+    @property
+    def children(self) -> Mapping[bytes, _Keyed]: ...
 
 
 def match_bytes(root: _Keyed, q: bytes, page_bytes: int) -> int:

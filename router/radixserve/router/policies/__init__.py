@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from radixserve.router.config import RouterConfig
 from radixserve.router.policies.base import Policy, RouteRequest, TargetView
 from radixserve.router.policies.cache_aware import CacheAwarePolicy
@@ -23,7 +25,7 @@ def make_policy(config: RouterConfig) -> Policy:
         )
     if config.policy == "cost":
         return CostPolicy(config.cost_queue_weight)
-    simple = {
+    simple: dict[str, Callable[[], Policy]] = {
         "round_robin": RoundRobinPolicy,
         "random": RandomPolicy,
         "power_of_two": PowerOfTwoPolicy,

@@ -27,8 +27,15 @@ class RouteRequest:
 
 
 class Policy(Protocol):
-    name: str
-    uses_cache: bool  # whether cached_tokens must be computed for the views
+    @property
+    def name(self) -> str:
+        """The policy's config name."""
+        ...
+
+    @property
+    def uses_cache(self) -> bool:
+        """Whether cached_tokens must be computed for the views."""
+        ...
 
     def select(self, request: RouteRequest, targets: Sequence[TargetView]) -> TargetView:
         """`targets` is never empty."""

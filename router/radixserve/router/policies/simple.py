@@ -14,7 +14,7 @@ from radixserve.router.policies.base import RouteRequest, TargetView, least_load
 class RoundRobinPolicy:
     name: str = "round_robin"
     uses_cache: bool = False
-    _counter: itertools.count = field(default_factory=itertools.count)
+    _counter: itertools.count[int] = field(default_factory=itertools.count)
 
     def select(self, request: RouteRequest, targets: Sequence[TargetView]) -> TargetView:
         return targets[next(self._counter) % len(targets)]
