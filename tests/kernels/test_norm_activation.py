@@ -63,3 +63,12 @@ def test_silu_and_mul_matches_reference(
         out = poisoned(num_tokens, inter, dtype=dtype, device=device)
         assert silu_and_mul(x, out=out) is out
         assert_close(out, silu_and_mul_ref(x), dtype)
+
+
+def test_a_strided_last_dim_is_refused() -> None:
+    """The kernels index the last dim with plain offsets: a transposed view must not pass."""
+    x = torch.zeros(32, 6).T
+    with pytest.raises(ValueError, match="x: the last dim must be contiguous"):
+        rms_norm(x, torch.ones(32), 1e-6)
+    with pytest.raises(ValueError, match="x: the last dim must be contiguous"):
+        silu_and_mul(x)

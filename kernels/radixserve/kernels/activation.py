@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from radixserve.kernels.triton_util import require_unit_stride
+
 
 @triton.jit
 def _silu_and_mul_kernel(X, Out, stride_x, stride_o, INTER: tl.constexpr, BLOCK: tl.constexpr):
@@ -33,6 +35,7 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     num_tokens, two_inter = x.shape
     inter = two_inter // 2
     out = x.new_empty(num_tokens, inter) if out is None else out
+    require_unit_stride(x=x, out=out)
     if num_tokens == 0:
         return out
     block = min(triton.next_power_of_2(inter), 1024)

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from radixserve.kernels.layout import PagedKv
-from radixserve.kernels.triton_util import dot, is_interpreted, next_pow2, tanh
+from radixserve.kernels.triton_util import dot, is_interpreted, next_pow2, require_unit_stride, tanh
 
 
 @triton.jit
@@ -190,6 +190,8 @@ def decode_attention(
         raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
     if out is None:
         out = q.new_empty(batch, num_heads, v_dim)
+    require_unit_stride(q=q, k_buffer=kv.k_buffer, v_buffer=kv.v_buffer, out=out,
+                        kv_indptr=kv.kv_indptr, kv_indices=kv.kv_indices)  # fmt: skip
     if batch == 0:
         return out
     group = num_heads // num_kv_heads

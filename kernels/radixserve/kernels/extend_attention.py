@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from radixserve.kernels.layout import PagedKv, RaggedKv
-from radixserve.kernels.triton_util import dot, is_interpreted, next_pow2, tanh
+from radixserve.kernels.triton_util import dot, is_interpreted, next_pow2, require_unit_stride, tanh
 
 
 @triton.jit
@@ -172,6 +172,9 @@ def extend_attention(
         raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
     if out is None:
         out = q.new_empty(num_tokens, num_heads, v_dim)
+    require_unit_stride(q=q, k=new.k, v=new.v, out=out, qo_indptr=new.qo_indptr,
+                        k_buffer=prefix.k_buffer, v_buffer=prefix.v_buffer,
+                        kv_indptr=prefix.kv_indptr, kv_indices=prefix.kv_indices)  # fmt: skip
     batch = int(new.qo_indptr.shape[0]) - 1
     if num_tokens == 0 or batch == 0 or new.max_len == 0:
         return out

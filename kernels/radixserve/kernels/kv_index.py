@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from radixserve.kernels.layout import KvIndices
-from radixserve.kernels.triton_util import is_interpreted
+from radixserve.kernels.triton_util import is_interpreted, require_unit_stride
 
 
 @triton.jit
@@ -49,6 +49,8 @@ def fill_kv_indices(
     entries past sum(seq_lens) of a preallocated buffer are left as they were.
     """
     batch = seq_lens.shape[0]
+    require_unit_stride(req_to_token=req_to_token, req_pool_indices=req_pool_indices,
+                        seq_lens=seq_lens, kv_indices=kv_indices)  # fmt: skip
     kv_indptr = torch.zeros(batch + 1, dtype=torch.int32, device=seq_lens.device)
     kv_indptr[1:] = torch.cumsum(seq_lens, 0).to(torch.int32)
     if kv_indices is None:

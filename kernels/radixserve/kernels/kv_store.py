@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from radixserve.kernels.triton_util import require_unit_stride
+
 
 @triton.jit
 def _store_kv_kernel(  # noqa: PLR0913 -- a kernel takes every stride as an argument
@@ -73,6 +75,7 @@ def store_kv(
     cast to the pool's dtype. Rows not named in loc are untouched.
     """
     num_tokens, num_kv_heads, head_dim = k.shape
+    require_unit_stride(k_buffer=k_buffer, v_buffer=v_buffer, loc=loc, k=k, v=v)
     if num_tokens == 0:
         return
     v_dim = v.shape[2]

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from radixserve.kernels.activation import silu_and_mul
 from radixserve.kernels.layout import AlignedRouting, TopKOutput, moe_align_block_size
-from radixserve.kernels.triton_util import dot, is_interpreted
+from radixserve.kernels.triton_util import dot, is_interpreted, require_unit_stride
 
 
 @triton.jit
@@ -61,6 +61,7 @@ def topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> 
     Returns TopKOutput(weights [num_tokens, top_k] fp32, ids [num_tokens, top_k] int32).
     """
     num_tokens, num_experts = router_logits.shape
+    require_unit_stride(router_logits=router_logits)
     weights = router_logits.new_empty(num_tokens, top_k, dtype=torch.float32)
     ids = router_logits.new_empty(num_tokens, top_k, dtype=torch.int32)
     if num_tokens:
@@ -130,6 +131,8 @@ def grouped_gemm(
     block. row_weights: [T * top_k] fp32 or None. fp32 accumulation, stored in out's dtype.
     """
     num_experts, n, k = w.shape
+    require_unit_stride(sorted_ids=routing.sorted_ids, expert_ids=routing.expert_ids,
+                        row_weights=row_weights)  # fmt: skip
     upcast = is_interpreted(a)
     block_n, block_k = (32, 16) if upcast else (64, 32)
     grid = (routing.expert_ids.shape[0], triton.cdiv(n, block_n))

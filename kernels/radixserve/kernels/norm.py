@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from radixserve.kernels.layout import NormOutput
+from radixserve.kernels.triton_util import require_unit_stride
 
 
 @triton.jit
@@ -67,6 +68,7 @@ def rms_norm(
     out = torch.empty_like(x) if out is None else out
     if residual is not None and residual_out is None:
         residual_out = torch.empty_like(x)
+    require_unit_stride(x=x, weight=weight, residual=residual, out=out, residual_out=residual_out)
     if num_tokens == 0:
         return NormOutput(out, residual_out)
     res = x if residual is None else residual

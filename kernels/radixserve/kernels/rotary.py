@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from radixserve.kernels.layout import RotaryOutput
+from radixserve.kernels.triton_util import require_unit_stride
 
 
 @triton.jit
@@ -137,6 +138,8 @@ def rotary(
     half = cos_sin_cache.shape[1] // 2
     out_q = torch.empty_like(q) if out_q is None else out_q
     out_k = torch.empty_like(k) if out_k is None else out_k
+    require_unit_stride(positions=positions, q=q, k=k, cos_sin_cache=cos_sin_cache, out_q=out_q,
+                        out_k=out_k)  # fmt: skip
     if num_tokens == 0:
         return RotaryOutput(out_q, out_k)
     rest = head_dim - 2 * half

@@ -23,6 +23,14 @@ def is_interpreted(t: torch.Tensor) -> bool:
     return t.device.type == "cpu"
 
 
+def require_unit_stride(**tensors: torch.Tensor | None) -> None:
+    """Raise ValueError unless each given tensor's last dim is contiguous (the kernels index it
+    with plain offsets; every other dim goes through its stride)."""
+    for name, t in tensors.items():
+        if t is not None and t.numel() and t.stride(-1) != 1:
+            raise ValueError(f"{name}: the last dim must be contiguous (stride {t.stride(-1)})")
+
+
 def next_pow2(n: int, floor: int = 16) -> int:
     """The smallest power of two >= max(n, floor): Triton block sizes (tl.dot needs >= 16)."""
     return max(int(triton.next_power_of_2(max(n, 1))), floor)
