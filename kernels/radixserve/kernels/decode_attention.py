@@ -23,40 +23,25 @@ import triton
 import triton.language as tl
 
 from radixserve.kernels.layout import PagedKv
-from radixserve.kernels.triton_util import dot, is_interpreted, next_pow2, require_unit_stride, tanh
+from radixserve.kernels.triton_util import (
+    dot,
+    is_interpreted,
+    load_rows,
+    next_pow2,
+    require_unit_stride,
+    tanh,
+)
 
 
 @triton.jit
 def _decode_split_kernel(  # noqa: PLR0913, PLR0915 -- a kernel takes every stride as an argument
-    Q,
-    K,
-    V,
-    kv_indptr,
-    kv_indices,
-    MidO,
-    MidLse,
-    sm_scale,
-    logit_cap,
-    stride_qb,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_mb,
-    stride_mh,
-    stride_ms,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    V_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    HAS_CAP: tl.constexpr,
-    UPCAST: tl.constexpr,
-):
+    Q, K, V, kv_indptr, kv_indices, MidO, MidLse, sm_scale, logit_cap,
+    stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_mb, stride_mh, stride_ms,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, HAS_CAP: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -74,11 +59,7 @@ def _decode_split_kernel(  # noqa: PLR0913, PLR0915 -- a kernel takes every stri
     lo = split * split_len
     hi = tl.minimum(lo + split_len, seq_len)
 
-    q = tl.load(
-        Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-        mask=h_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
+    q = load_rows(Q + b * stride_qb, heads, stride_qh, offs_d, h_mask, d_mask)
     m_i = tl.zeros([BLOCK_H], dtype=tl.float32) - 1e30
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
@@ -86,11 +67,7 @@ def _decode_split_kernel(  # noqa: PLR0913, PLR0915 -- a kernel takes every stri
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < hi
         slot = tl.load(kv_indices + kv_start + offs_n, mask=n_mask, other=0).to(tl.int64)
-        k = tl.load(
-            K + slot[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :],
-            mask=n_mask[:, None] & d_mask[None, :],
-            other=0.0,
-        )
+        k = load_rows(K + kv_head * stride_kh, slot, stride_kt, offs_d, n_mask, d_mask)
         s = dot(q, tl.trans(k), UPCAST) * sm_scale
         if HAS_CAP:
             s = logit_cap * tanh(s / logit_cap)
@@ -99,11 +76,7 @@ def _decode_split_kernel(  # noqa: PLR0913, PLR0915 -- a kernel takes every stri
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            V + slot[:, None] * stride_vt + kv_head * stride_vh + offs_dv[None, :],
-            mask=n_mask[:, None] & dv_mask[None, :],
-            other=0.0,
-        )
+        v = load_rows(V + kv_head * stride_vh, slot, stride_vt, offs_dv, n_mask, dv_mask)
         acc = acc * alpha[:, None] + dot(p, v, UPCAST)
         m_i = m_new
 
@@ -120,19 +93,9 @@ def _decode_split_kernel(  # noqa: PLR0913, PLR0915 -- a kernel takes every stri
 
 @triton.jit
 def _decode_combine_kernel(  # noqa: PLR0913 -- strides are arguments
-    MidO,
-    MidLse,
-    kv_indptr,
-    Out,
-    stride_mb,
-    stride_mh,
-    stride_ms,
-    stride_ob,
-    stride_oh,
-    V_DIM: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-):
+    MidO, MidLse, kv_indptr, Out, stride_mb, stride_mh, stride_ms, stride_ob, stride_oh,
+    V_DIM: tl.constexpr, BLOCK_DV: tl.constexpr, NUM_SPLITS: tl.constexpr,
+):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
     num_heads = tl.num_programs(1)

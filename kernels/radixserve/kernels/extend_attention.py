@@ -21,7 +21,14 @@ import triton
 import triton.language as tl
 
 from radixserve.kernels.layout import PagedKv, RaggedKv
-from radixserve.kernels.triton_util import dot, is_interpreted, next_pow2, require_unit_stride, tanh
+from radixserve.kernels.triton_util import (
+    dot,
+    is_interpreted,
+    load_rows,
+    next_pow2,
+    require_unit_stride,
+    tanh,
+)
 
 
 @triton.jit
@@ -43,39 +50,13 @@ def _online_step(  # noqa: PLR0913 -- the online-softmax state travels as argume
 
 @triton.jit
 def _extend_kernel(  # noqa: PLR0913, PLR0915 -- a kernel takes every stride as an argument
-    Q,
-    K_new,
-    V_new,
-    Out,
-    K_buf,
-    V_buf,
-    qo_indptr,
-    kv_indptr,
-    kv_indices,
-    sm_scale,
-    logit_cap,
-    stride_qt,
-    stride_qh,
-    stride_knt,
-    stride_knh,
-    stride_vnt,
-    stride_vnh,
-    stride_ot,
-    stride_oh,
-    stride_kbt,
-    stride_kbh,
-    stride_vbt,
-    stride_vbh,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    V_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    HAS_CAP: tl.constexpr,
-    UPCAST: tl.constexpr,
-):
+    Q, K_new, V_new, Out, K_buf, V_buf, qo_indptr, kv_indptr, kv_indices, sm_scale, logit_cap,
+    stride_qt, stride_qh, stride_knt, stride_knh, stride_vnt, stride_vnh,
+    stride_ot, stride_oh, stride_kbt, stride_kbh, stride_vbt, stride_vbh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HAS_CAP: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
     block_m = tl.program_id(2)
@@ -94,11 +75,7 @@ def _extend_kernel(  # noqa: PLR0913, PLR0915 -- a kernel takes every stride as 
     offs_dv = tl.arange(0, BLOCK_DV)
     dv_mask = offs_dv < V_DIM
     rows = (qo_start + offs_m).to(tl.int64)
-    q = tl.load(
-        Q + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-        mask=m_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
+    q = load_rows(Q + h * stride_qh, rows, stride_qt, offs_d, m_mask, d_mask)
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - 1e30
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
@@ -107,16 +84,8 @@ def _extend_kernel(  # noqa: PLR0913, PLR0915 -- a kernel takes every stride as 
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < prefix_len
         slot = tl.load(kv_indices + kv_start + offs_n, mask=n_mask, other=0).to(tl.int64)
-        k = tl.load(
-            K_buf + slot[:, None] * stride_kbt + kv_head * stride_kbh + offs_d[None, :],
-            mask=n_mask[:, None] & d_mask[None, :],
-            other=0.0,
-        )
-        v = tl.load(
-            V_buf + slot[:, None] * stride_vbt + kv_head * stride_vbh + offs_dv[None, :],
-            mask=n_mask[:, None] & dv_mask[None, :],
-            other=0.0,
-        )
+        k = load_rows(K_buf + kv_head * stride_kbh, slot, stride_kbt, offs_d, n_mask, d_mask)
+        v = load_rows(V_buf + kv_head * stride_vbh, slot, stride_vbt, offs_dv, n_mask, dv_mask)
         m_i, l_i, acc = _online_step(
             q, k, v, n_mask[None, :], m_i, l_i, acc, sm_scale, logit_cap, HAS_CAP, UPCAST
         )
@@ -126,16 +95,8 @@ def _extend_kernel(  # noqa: PLR0913, PLR0915 -- a kernel takes every stride as 
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < ext_len
         cols = (qo_start + offs_n).to(tl.int64)
-        k = tl.load(
-            K_new + cols[:, None] * stride_knt + kv_head * stride_knh + offs_d[None, :],
-            mask=n_mask[:, None] & d_mask[None, :],
-            other=0.0,
-        )
-        v = tl.load(
-            V_new + cols[:, None] * stride_vnt + kv_head * stride_vnh + offs_dv[None, :],
-            mask=n_mask[:, None] & dv_mask[None, :],
-            other=0.0,
-        )
+        k = load_rows(K_new + kv_head * stride_knh, cols, stride_knt, offs_d, n_mask, d_mask)
+        v = load_rows(V_new + kv_head * stride_vnh, cols, stride_vnt, offs_dv, n_mask, dv_mask)
         causal = n_mask[None, :] & (offs_n[None, :] <= offs_m[:, None])
         m_i, l_i, acc = _online_step(
             q, k, v, causal, m_i, l_i, acc, sm_scale, logit_cap, HAS_CAP, UPCAST

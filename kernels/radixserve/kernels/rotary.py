@@ -51,70 +51,24 @@ def _rotate_heads(  # noqa: PLR0913 -- one token's heads of q or k, strides as a
 
 @triton.jit
 def _rotary_kernel(  # noqa: PLR0913 -- a kernel takes every stride as an argument
-    Pos,
-    Q,
-    K,
-    Cache,
-    OutQ,
-    OutK,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_oqt,
-    stride_oqh,
-    stride_okt,
-    stride_okh,
+    Pos, Q, K, Cache, OutQ, OutK,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_oqt, stride_oqh, stride_okt, stride_okh,
     stride_c,
-    NUM_Q_HEADS: tl.constexpr,
-    NUM_K_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HALF: tl.constexpr,
-    BLOCK_HQ: tl.constexpr,
-    BLOCK_HK: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    BLOCK_REST: tl.constexpr,
-):
+    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+    BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr,
+):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(Pos + t).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_HALF)
     c_mask = offs_d < HALF
     cos = tl.load(Cache + pos * stride_c + offs_d, mask=c_mask, other=0.0).to(tl.float32)
     sin = tl.load(Cache + pos * stride_c + HALF + offs_d, mask=c_mask, other=0.0).to(tl.float32)
-    _rotate_heads(
-        Q,
-        OutQ,
-        t,
-        stride_qt,
-        stride_qh,
-        stride_oqt,
-        stride_oqh,
-        cos[None, :],
-        sin[None, :],
-        NUM_Q_HEADS,
-        HEAD_DIM,
-        HALF,
-        BLOCK_HQ,
-        BLOCK_HALF,
-        BLOCK_REST,
-    )
-    _rotate_heads(
-        K,
-        OutK,
-        t,
-        stride_kt,
-        stride_kh,
-        stride_okt,
-        stride_okh,
-        cos[None, :],
-        sin[None, :],
-        NUM_K_HEADS,
-        HEAD_DIM,
-        HALF,
-        BLOCK_HK,
-        BLOCK_HALF,
-        BLOCK_REST,
-    )
+    cos, sin = cos[None, :], sin[None, :]
+    _rotate_heads(Q, OutQ, t, stride_qt, stride_qh, stride_oqt, stride_oqh, cos, sin,
+                  NUM_Q_HEADS, HEAD_DIM, HALF, BLOCK_HQ, BLOCK_HALF, BLOCK_REST)  # fmt: skip
+    _rotate_heads(K, OutK, t, stride_kt, stride_kh, stride_okt, stride_okh, cos, sin,
+                  NUM_K_HEADS, HEAD_DIM, HALF, BLOCK_HK, BLOCK_HALF, BLOCK_REST)  # fmt: skip
 
 
 def rotary(

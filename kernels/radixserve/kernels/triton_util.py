@@ -45,6 +45,16 @@ def dot(a, b, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def load_rows(Base, rows, stride_row, offs, row_mask, col_mask):
+    """Base[rows[i] * stride_row + offs[j]] as a [len(rows), len(offs)] tile, 0 where masked."""
+    return tl.load(
+        Base + rows[:, None] * stride_row + offs[None, :],
+        mask=row_mask[:, None] & col_mask[None, :],
+        other=0.0,
+    )
+
+
+@triton.jit
 def tanh(x):
     """tanh through exp (tl has no tanh in every version and the interpreter)."""
     return 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0
