@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixserve.kernels.layout import moe_align_block_size
+from radixserve.kernels.layout import TopKOutput, moe_align_block_size
 from radixserve.kernels.moe import fused_moe, grouped_gemm, topk_softmax
 from radixserve.kernels.reference import fused_moe_ref, grouped_gemm_ref, topk_softmax_ref
 from tests.kernels.cases import DEVICES, DTYPES, assert_close, poisoned, randn
@@ -25,7 +25,12 @@ def test_topk_softmax_matches_reference(
 ) -> None:
     num_tokens, num_experts, top_k = (9, 6, 2) if device == "cpu" else (1000, 64, 8)
     logits = randn(gen, num_tokens, num_experts, dtype=dtype, device=device)
-    got = topk_softmax(logits, top_k, renormalize)
+    out = TopKOutput(
+        poisoned(num_tokens, top_k, dtype=torch.float32, device=device),
+        torch.full((num_tokens, top_k), -1, dtype=torch.int32, device=device),
+    )
+    got = topk_softmax(logits, top_k, renormalize, out=out)
+    assert got is out and (got.ids >= 0).all()
     want = topk_softmax_ref(logits, top_k, renormalize)
     assert got.ids.dtype == torch.int32 and got.weights.dtype == torch.float32
     assert_close(got.weights, want.weights, torch.float32)

@@ -53,24 +53,29 @@ def _topk_softmax_kernel(  # noqa: PLR0913 -- a kernel takes every stride as an 
     tl.store(Ids + t * TOP_K + offs_k, ids, mask=k_mask)
 
 
-def topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> TopKOutput:
+def topk_softmax(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool, out: TopKOutput | None = None
+) -> TopKOutput:
     """Softmax over the experts in fp32, then the top_k largest per token, best first.
 
     router_logits: [num_tokens, num_experts], any float dtype, last dim contiguous.
     renormalize: divide the chosen weights by their sum (Qwen-MoE's norm_topk_prob).
-    Returns TopKOutput(weights [num_tokens, top_k] fp32, ids [num_tokens, top_k] int32).
+    out: preallocated TopKOutput(weights [num_tokens, top_k] fp32, ids [num_tokens, top_k]
+    int32), or None to allocate. Returns it.
     """
     num_tokens, num_experts = router_logits.shape
     require_unit_stride(router_logits=router_logits)
-    weights = router_logits.new_empty(num_tokens, top_k, dtype=torch.float32)
-    ids = router_logits.new_empty(num_tokens, top_k, dtype=torch.int32)
+    if out is None:
+        weights = router_logits.new_empty(num_tokens, top_k, dtype=torch.float32)
+        out = TopKOutput(weights, router_logits.new_empty(num_tokens, top_k, dtype=torch.int32))
+    weights, ids = out
     if num_tokens:
         _topk_softmax_kernel[(num_tokens,)](
             router_logits, weights, ids, router_logits.stride(0),
             NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_E=triton.next_power_of_2(num_experts),
             BLOCK_K=triton.next_power_of_2(top_k), RENORMALIZE=renormalize,
         )  # fmt: skip
-    return TopKOutput(weights, ids)
+    return out
 
 
 @triton.jit

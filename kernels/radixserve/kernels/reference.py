@@ -169,13 +169,19 @@ def rotary_ref(
     return RotaryOutput(out_q, out_k)
 
 
-def topk_softmax_ref(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> TopKOutput:
+def topk_softmax_ref(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool, out: TopKOutput | None = None
+) -> TopKOutput:
     """Softmax over experts (fp32), then the top_k largest, optionally renormalized to sum 1."""
     probs = torch.softmax(router_logits.float(), dim=-1)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(-1, keepdim=True)
-    return TopKOutput(weights, ids.to(torch.int32))
+    if out is None:
+        return TopKOutput(weights, ids.to(torch.int32))
+    out.weights.copy_(weights)
+    out.ids.copy_(ids)
+    return out
 
 
 def grouped_gemm_ref(
