@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import pytest
 import torch
 
+from radixserve.kernels import triton_util
 from radixserve.kernels.layout import PagedKv, build_kv_indices
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# What counts is how the kernels were decorated, which happened when triton first saw them.
+INTERPRETED = type(triton_util.dot).__name__ == "InterpretedFunction"
+if not INTERPRETED and not torch.cuda.is_available():
+    raise RuntimeError(
+        "radixserve.kernels was imported (compiled for CUDA) before tests/kernels/conftest.py "
+        "could set TRITON_INTERPRET=1, and there is no CUDA device: set TRITON_INTERPRET=1 in "
+        "the environment (or the root tests/conftest.py)"
+    )
 
 # cpu: tiny shapes under the interpreter; cuda: real shapes, compiled (skipped without CUDA).
 DEVICES = [
