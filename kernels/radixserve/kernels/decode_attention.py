@@ -143,6 +143,7 @@ def decode_attention(
 
     q: [batch, num_heads, head_dim], fp32/fp16/bf16, last dim contiguous.
     kv: the pool and per-token slots (`PagedKv`); num_heads must be a multiple of num_kv_heads.
+    Every request needs >= 1 cached token (CUDA-graph padding rows: length 1 at slot 0).
     sm_scale: the score scale (usually head_dim ** -0.5). logit_cap > 0 soft-caps the scaled
     scores as cap * tanh(s / cap). num_kv_splits: stage-1 chunks per request (SGLang's 8).
     out: [batch, num_heads, v_head_dim] in q's dtype, or None to allocate it. Returns out.
