@@ -29,22 +29,24 @@ ERROR = "error"  # stands for "rejected" on either side
 
 @dataclass(frozen=True)
 class EngineSide:
-    """What the engine's request parsers read from ServerState: its tokenizer and a real (not
-    started) TokenizerManager."""
+    """What the engine's request parsers read from ServerState: its tokenizer, a real (not
+    started) TokenizerManager and the limits requests are validated against."""
 
     tokenizer: Any
     tokenizer_manager: Any
+    limits: Any
 
 
 def engine_side(tokenizer: Any) -> EngineSide:
+    from radixserve.engine.entrypoints.request_builder import ServerLimits
     from radixserve.engine.ipc.channels import PortArgs
     from radixserve.engine.managers.metrics import EngineMetrics
-    from radixserve.engine.managers.tokenizer_manager import ServerLimits, TokenizerManager
+    from radixserve.engine.managers.tokenizer_manager import TokenizerManager
 
     limits = ServerLimits(8192, 8192, len(tokenizer))
     ports = PortArgs("ipc://unused-1", "ipc://unused-2", "ipc://unused-3")  # never started
-    tm = TokenizerManager(tokenizer, ports, limits, EngineMetrics("smollm2-135m"))
-    return EngineSide(tokenizer, tm)
+    tm = TokenizerManager(tokenizer, ports, EngineMetrics("smollm2-135m"))
+    return EngineSide(tokenizer, tm, limits)
 
 
 def engine_chat_ids(side: EngineSide, messages: Any, kwargs: Any = None) -> Any:
@@ -56,8 +58,8 @@ def engine_chat_ids(side: EngineSide, messages: Any, kwargs: Any = None) -> Any:
         req = ChatCompletionRequest.model_validate(
             {"messages": messages, "chat_template_kwargs": kwargs}
         )
-        return chat_prompt(side, req.messages, req.chat_template_kwargs)[1]
-    except (ValidationError, ValueError):  # RequestError is a ValueError
+        return chat_prompt(side.tokenizer, req.messages, req.chat_template_kwargs)[1]
+    except (ValidationError, ValueError):  # InvalidRequest is a ValueError
         return ERROR
 
 
@@ -199,12 +201,12 @@ def test_from_info_rejects_a_bad_description() -> None:
 
 def engine_routing_ids(side: EngineSide, path: str, body: dict[str, Any]) -> list[int] | None:
     """The ids of the first prompt the engine itself derives from the body (None: refused)."""
-    from radixserve.engine.entrypoints.http_server import _body_inputs
+    from radixserve.engine.entrypoints.http_server import generate_inputs
     from radixserve.engine.entrypoints.openai_protocol import prompt_list
 
     try:
         if path == "/generate":
-            inputs, _ = _body_inputs(side, body)  # type: ignore[arg-type]
+            inputs, _ = generate_inputs(side, body)  # type: ignore[arg-type]
             return list(inputs[0].input_ids) if inputs else None
         if path == "/v1/completions":
             return prompt_list(body.get("prompt"), side.tokenizer_manager.tokenize)[0][1]

@@ -49,8 +49,13 @@ class LiveServer:
 
 
 @contextmanager
-def live_server(*extra_args: str, log_dir: str = "/tmp") -> Iterator[LiveServer]:
-    """Start the server, wait for /health, yield it, then SIGINT and wait (SIGKILL after 20 s)."""
+def live_server(
+    *extra_args: str, log_dir: str = "/tmp", env: dict[str, str] | None = None
+) -> Iterator[LiveServer]:
+    """Start the server, wait for /health, yield it, then SIGINT and wait (SIGKILL after 20 s).
+
+    `env` adds variables to the server's environment (e.g. TMPDIR, where its ipc:// sockets go).
+    """
     port = free_port()
     log_path = os.path.join(log_dir, f"radixserve-test-{port}.log")
     # The console script, run outside the repo: `python -m` from the repo root would let the
@@ -58,13 +63,20 @@ def live_server(*extra_args: str, log_dir: str = "/tmp") -> Iterator[LiveServer]
     exe = os.path.join(os.path.dirname(sys.executable), "radixserve")
     cmd = [exe, "serve", "--port", str(port), "--model-path", "smollm2-135m", *extra_args]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=log_dir)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=log_dir,
+            env={**os.environ, **(env or {})},
+        )
     server = LiveServer(f"http://127.0.0.1:{port}", port, proc, log_path)
     try:
         _wait_healthy(server)
         yield server
     finally:
-        proc.send_signal(signal.SIGINT)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
         try:
             proc.wait(20)
         except subprocess.TimeoutExpired:

@@ -14,13 +14,10 @@ from fastapi.testclient import TestClient
 
 from radixserve.engine.entrypoints.http_errors import install_error_handlers
 from radixserve.engine.entrypoints.openai_protocol import prompt_list, rename_error, usage
-from radixserve.engine.entrypoints.openai_routes import install_openai_routes
-from radixserve.engine.managers.tokenizer_manager import (
-    GenerateInput,
-    RequestError,
-    ServerLimits,
-    TokenizerManager,
-)
+from radixserve.engine.entrypoints.openai_serving import install_openai_routes
+from radixserve.engine.entrypoints.request_builder import InvalidRequest, ServerLimits
+from radixserve.engine.ipc.finish_reason import FinishAbort, FinishLength, FinishReason
+from radixserve.engine.managers.tokenizer_manager import GenerateChunk, GenerateInput
 
 BOS = 1
 
@@ -44,46 +41,40 @@ class FakeTokenizer:
         return "<s>" + "|".join(f"{m['role']}:{m['content']}" for m in messages) + "|assistant:"
 
 
-def _chunk(n_prompt: int, ids: list[int], finish: dict[str, Any] | None) -> dict[str, Any]:
-    return {
-        "text": "ab"[: len(ids)],
-        "delta": "ab"[len(ids) - 1 : len(ids)] if ids else "",
-        "output_ids": ids,
-        "new_output_ids": ids[-1:],
-        "meta_info": {
-            "id": "r",
-            "finish_reason": finish,
-            "prompt_tokens": n_prompt,
-            "completion_tokens": len(ids),
-            "cached_tokens": 0,
-        },
-        "token_logprobs": [-0.5] * len(ids),
-        "top_logprobs": [],
-    }
+def _chunk(n_prompt: int, ids: list[int], finish: FinishReason | None) -> GenerateChunk:
+    """The chunk bringing the last of `ids` (deltas only, as the TokenizerManager sends)."""
+    return GenerateChunk(
+        rid="r",
+        text_delta="ab"[len(ids) - 1 : len(ids)] if ids else "",
+        output_ids=ids[-1:],
+        finish_reason=finish,
+        prompt_tokens=n_prompt,
+        completion_tokens=len(ids),
+        cached_tokens=0,
+        total_retractions=0,
+        token_logprobs=[-0.5] * len(ids[-1:]),
+    )
 
 
 class FakeTM:
-    """Real validation; generation scripted: two tokens, or an abort for prompts with "!"."""
+    """Generation scripted: two tokens, or an abort for prompts with "!" (validation is the
+    routes' own, in front of it)."""
 
     def __init__(self, tokenizer: FakeTokenizer) -> None:
         self.tokenizer = tokenizer
-        self.limits = ServerLimits(context_len=64, max_req_input_len=60, vocab_size=100)
         self.seen: list[GenerateInput] = []
 
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
 
-    def validate(self, inp: GenerateInput) -> None:
-        TokenizerManager.validate(self, inp)  # type: ignore[arg-type]
-
-    async def generate(self, inp: GenerateInput) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, inp: GenerateInput) -> AsyncIterator[GenerateChunk]:
         self.seen.append(inp)
         n = len(inp.input_ids)
         if inp.text and "!" in inp.text:
-            yield _chunk(n, [], {"type": "abort", "message": "queue full", "status_code": 503})
+            yield _chunk(n, [], FinishAbort("queue full", 503))
             return
         yield _chunk(n, [40], None)
-        yield _chunk(n, [40, 41], {"type": "length", "length": 2})
+        yield _chunk(n, [40, 41], FinishLength(2))
 
 
 @pytest.fixture()
@@ -96,6 +87,7 @@ def app() -> tuple[TestClient, FakeTM]:
         tokenizer=tok,
         tokenizer_manager=tm,
         model_info={"context_length": 64},
+        limits=ServerLimits(context_len=64, max_req_input_len=60, vocab_size=100),
     )
     install_error_handlers(app)
     install_openai_routes(app)
@@ -144,7 +136,7 @@ def test_chat_default_max_tokens_fills_the_context(app: tuple[TestClient, FakeTM
     body = {"messages": [{"role": "user", "content": "hi"}]}
     assert client.post("/v1/chat/completions", json=body).status_code == 200
     inp = tm.seen[-1]
-    assert inp.sampling_params["max_new_tokens"] == 64 - len(inp.input_ids) - 1
+    assert inp.sampling_params.max_new_tokens == 64 - len(inp.input_ids) - 1
 
 
 def test_sampling_params_mapping(app: tuple[TestClient, FakeTM]) -> None:
@@ -163,15 +155,10 @@ def test_sampling_params_mapping(app: tuple[TestClient, FakeTM]) -> None:
     r = client.post("/v1/completions", json=body)
     assert r.status_code == 200, r.text
     seen = tm.seen[-4:]
-    assert [s.sampling_params["sampling_seed"] for s in seen] == [5, 6, 5, 6]
+    assert [s.sampling_params.sampling_seed for s in seen] == [5, 6, 5, 6]
     assert all(s.top_logprobs_num == 2 and s.return_logprob for s in seen)
-    assert seen[0].sampling_params == {
-        "max_new_tokens": 3,
-        "min_new_tokens": 1,
-        "sampling_seed": 5,
-        "stop": "x",
-        "top_k": 4,
-    }
+    p = seen[0].sampling_params
+    assert (p.max_new_tokens, p.min_new_tokens, p.stop, p.top_k, p.n) == (3, 1, ["x"], 4, 1)
     out = r.json()
     assert [c["index"] for c in out["choices"]] == [0, 1, 2, 3]
     assert out["usage"]["prompt_tokens"] == 3 and out["usage"]["completion_tokens"] == 8
@@ -180,8 +167,10 @@ def test_sampling_params_mapping(app: tuple[TestClient, FakeTM]) -> None:
 
 
 def test_usage_counts_each_prompt_once() -> None:
-    meta = lambda p, c, k: {"prompt_tokens": p, "completion_tokens": c, "cached_tokens": k}  # noqa: E731
-    u = usage([meta(10, 3, 0), meta(10, 4, 9), meta(5, 1, 2), meta(5, 2, 0)], n=2)
+    def last(p: int, c: int, k: int) -> GenerateChunk:
+        return GenerateChunk("r", "", [], FinishLength(c), p, c, k, 0)
+
+    u = usage([last(10, 3, 0), last(10, 4, 9), last(5, 1, 2), last(5, 2, 0)], n=2)
     assert u == {
         "prompt_tokens": 15,
         "completion_tokens": 10,
@@ -192,19 +181,19 @@ def test_usage_counts_each_prompt_once() -> None:
 
 def test_prompt_forms() -> None:
     tok = lambda s: [len(s)]  # noqa: E731
-    assert prompt_list("abc", tok) == [("abc", [3])]
+    assert prompt_list("abc", tok) == [("abc", [3])]  # Prompt is a NamedTuple
     assert prompt_list(["a", "bc"], tok) == [("a", [1]), ("bc", [2])]
     assert prompt_list([5, 6], tok) == [(None, [5, 6])]
     assert prompt_list([[5], [6, 7]], tok) == [(None, [5]), (None, [6, 7])]
     for bad in ([], [[]], [True], [1, "a"], None, 3, [[1], 2]):
-        with pytest.raises(RequestError, match="^prompt: "):
+        with pytest.raises(InvalidRequest, match="^prompt: "):
             prompt_list(bad, tok)
 
 
 def test_engine_names_become_openai_names() -> None:
-    assert str(rename_error(RequestError("max_new_tokens: must be >= 0"))) == (
+    assert str(rename_error(InvalidRequest("max_new_tokens: must be >= 0"))) == (
         "max_tokens: must be >= 0"
     )
-    assert str(rename_error(RequestError("top_p: bad"))) == "top_p: bad"
+    assert str(rename_error(InvalidRequest("top_p: bad"))) == "top_p: bad"
     msg = "min_new_tokens: must be <= max_new_tokens (4), got 9"
-    assert str(rename_error(RequestError(msg))) == "min_tokens: must be <= max_tokens (4), got 9"
+    assert str(rename_error(InvalidRequest(msg))) == "min_tokens: must be <= max_tokens (4), got 9"

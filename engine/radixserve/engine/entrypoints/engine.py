@@ -13,12 +13,15 @@ import threading
 from typing import Any
 
 from radixserve.engine.configs.server_args import ServerArgs
-from radixserve.engine.entrypoints.generation import collect, expand_n
-from radixserve.engine.entrypoints.http_server import native_output
+from radixserve.engine.entrypoints.generation import collect, native_output
 from radixserve.engine.entrypoints.launch import launch_subprocesses
-from radixserve.engine.entrypoints.request_builder import normalize_inputs
+from radixserve.engine.entrypoints.request_builder import (
+    OutputOptions,
+    build_inputs,
+    native_prompts,
+    per_prompt_params,
+)
 from radixserve.engine.entrypoints.serve import build_state
-from radixserve.engine.managers.tokenizer_manager import GenerateInput
 
 
 class Engine:
@@ -50,19 +53,15 @@ class Engine:
         top_logprobs_num: int = 0,
     ) -> dict[str, Any] | list[dict[str, Any]]:
         """Same contract as EngineCore.generate; bad input raises ValueError naming the field."""
-        batch = normalize_inputs(self.tokenizer, prompt, input_ids, sampling_params)
+        tm = self.state.tokenizer_manager
+        prompts, single = native_prompts(tm.tokenize, prompt, input_ids, text_field="prompt")
+        params = per_prompt_params(sampling_params, len(prompts))
+        options = OutputOptions(False, return_logprob, top_logprobs_num)
+        inputs = build_inputs(prompts, params, self.state.limits, options)
+        results = self._run(collect(tm, inputs))
         want_lp = return_logprob or top_logprobs_num > 0
-        inputs = expand_n(
-            [
-                GenerateInput(ids, dict(params), text, False, want_lp, top_logprobs_num)
-                for text, ids, params in zip(
-                    batch.texts, batch.input_ids, batch.params, strict=True
-                )
-            ]
-        )
-        chunks = self._run(collect(self.state.tokenizer_manager, inputs))
-        outs = [native_output(c, want_lp) for c in chunks]
-        return outs[0] if batch.is_single and len(outs) == 1 else outs
+        outs = [native_output(r, want_lp) for r in results]
+        return outs[0] if single and len(outs) == 1 else outs
 
     def get_server_info(self) -> dict[str, Any]:
         return self.state.server_info()

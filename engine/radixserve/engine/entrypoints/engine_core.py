@@ -1,58 +1,48 @@
-"""EngineCore: model, tokenizer and Scheduler in the calling process.
+"""EngineCore: the offline, in-process engine — a SchedulerCore (model, tokenizer, Scheduler
+in the calling process) behind the same edge as the server: inputs validated once by
+request_builder, outputs formatted by generation.native_output.
 
-It is what each scheduler process runs, and it doubles as the in-process offline engine
-(`generate(...)` blocks until every request finishes) used by tests and benchmarks that
-compare scheduler configurations on one set of loaded weights (`with_args`).
+`generate(...)` blocks until every request finishes. Tests and benchmarks use it to compare
+scheduler configurations on one set of loaded weights (`with_args`). For the server's process
+layout without HTTP use `Engine`.
 """
 
 from __future__ import annotations
 
-import logging
-from dataclasses import asdict
 from typing import Any
 
-import torch
-
 from radixserve.engine.configs.server_args import ServerArgs
-from radixserve.engine.entrypoints.request_builder import build_output, build_reqs, normalize_inputs
-from radixserve.engine.managers.scheduler import Scheduler
-from radixserve.engine.model_executor.model_runner import ModelRunner
-from radixserve.engine.model_loader import load_model_files, resolve_model
-from radixserve.engine.model_loader.loader import load_tokenizer
-
-logger = logging.getLogger(__name__)
+from radixserve.engine.entrypoints.generation import GenerateOutput, native_output
+from radixserve.engine.entrypoints.request_builder import (
+    OutputOptions,
+    ServerLimits,
+    build_inputs,
+    native_prompts,
+    per_prompt_params,
+)
+from radixserve.engine.managers.incremental_detokenizer import DecodeState, decode_finished
+from radixserve.engine.managers.req import Req
+from radixserve.engine.managers.scheduler_core import SchedulerCore
+from radixserve.engine.managers.tokenizer_manager import GenerateChunk
 
 
 class EngineCore:
-    def __init__(self, _reuse: EngineCore | None = None, **kwargs: Any) -> None:
-        self.server_args = args = ServerArgs.from_kwargs(**kwargs)
-        torch.manual_seed(args.random_seed)
-        if _reuse is not None:  # same weights and tokenizer, fresh pools and scheduler
-            self.source, files, self.tokenizer = _reuse.source, _reuse.files, _reuse.tokenizer
-            model = _reuse.runner.model
-        else:
-            self.source = resolve_model(args.model_path, args.revision)
-            files = load_model_files(self.source, args.resolved_dtype)
-            self.tokenizer = load_tokenizer(self.source)
-            model = None
-        self.files = files
-        self.model_config = files.config
-        self.runner = ModelRunner(args, files, model)
-        eos = set(files.config.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            eos.add(int(self.tokenizer.eos_token_id))
-        self.eos_token_ids = frozenset(eos)
-        self.scheduler = Scheduler(args, self.runner, self._decode_tail)
+    def __init__(self, _core: SchedulerCore | None = None, **kwargs: Any) -> None:
+        self.core = _core if _core is not None else SchedulerCore(ServerArgs.from_kwargs(**kwargs))
+        self.server_args = self.core.server_args
+        self.tokenizer = self.core.tokenizer
+        self.model_config = self.core.model_config
+        self.runner = self.core.runner
+        self.scheduler = self.core.scheduler
+        info = self.core.context_info()
+        self.limits = ServerLimits(
+            info["context_len"], info["max_req_input_len"], self.model_config.vocab_size
+        )
 
     def with_args(self, **overrides: Any) -> EngineCore:
-        """A new Engine sharing this one's loaded weights, with other scheduling / memory
+        """A new engine sharing this one's loaded weights, with other scheduling / memory
         arguments (benchmarks and tests compare configurations without reloading)."""
-        if "model_path" in overrides or "dtype" in overrides:
-            raise ValueError("with_args: model_path and dtype need a new Engine")
-        return EngineCore(_reuse=self, **{**asdict(self.server_args), **overrides})
-
-    def _decode_tail(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        return EngineCore(self.core.with_args(**overrides))
 
     def generate(  # noqa: PLR0913 - sglang.Engine.generate's public signature
         self,
@@ -63,16 +53,12 @@ class EngineCore:
         top_logprobs_num: int = 0,
     ) -> dict[str, Any] | list[dict[str, Any]]:
         """Generate for one prompt (→ dict) or a batch (→ list, n outputs per prompt)."""
-        batch = normalize_inputs(self.tokenizer, prompt, input_ids, sampling_params)
-        groups = build_reqs(
-            batch,
-            self.tokenizer,
-            self.eos_token_ids,
-            self.model_config.vocab_size,
-            return_logprob,
-            top_logprobs_num,
-        )
-        reqs = [r for g in groups for r in g]
+        encode = lambda text: list(self.tokenizer.encode(text))  # noqa: E731
+        prompts, single = native_prompts(encode, prompt, input_ids, text_field="prompt")
+        params = per_prompt_params(sampling_params, len(prompts))
+        options = OutputOptions(False, return_logprob, top_logprobs_num)
+        inputs = build_inputs(prompts, params, self.limits, options, check_lengths=False)
+        reqs = [self.core.make_req(inp.tokenized()) for inp in inputs]
         for req in reqs:
             self.scheduler.add_request(req)
         while not all(r.finished() for r in reqs):
@@ -80,15 +66,41 @@ class EngineCore:
         # Drain bookkeeping of the last batch so the pool is back to idle.
         while self.scheduler.has_work():
             self.scheduler.step()
-        outputs = [build_output(r, self.tokenizer) for r in reqs]
-        if batch.is_single and len(outputs) == 1:
-            return outputs[0]
-        return outputs
+        want_lp = return_logprob or top_logprobs_num > 0
+        outputs = [native_output(self._output(r), want_lp) for r in reqs]
+        return outputs[0] if single and len(outputs) == 1 else outputs
+
+    def _output(self, req: Req) -> GenerateOutput:
+        """A finished Req as the one chunk the server would have streamed for it."""
+        params = req.sampling_params
+        state = DecodeState(params.skip_special_tokens, req.stop.stop_strs, params.no_stop_trim)
+        text = decode_finished(
+            self._decode, req.origin_input_ids, req.output_ids, req.finished_reason, state
+        )
+        out = GenerateOutput()
+        out.add(
+            GenerateChunk(
+                rid=req.rid,
+                text_delta=text,
+                output_ids=list(req.output_ids),
+                finish_reason=req.finished_reason,
+                prompt_tokens=len(req.origin_input_ids),
+                completion_tokens=len(req.output_ids),
+                cached_tokens=req.cached_tokens,
+                total_retractions=req.retraction_count,
+                token_logprobs=list(req.output_token_logprobs),
+                top_logprobs=list(req.output_top_logprobs),
+            )
+        )
+        return out
+
+    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def shutdown(self) -> None:
         """Stop the forward worker and drop the KV pools (the weights may be shared with
         engines made by `with_args`, so they stay)."""
-        self.scheduler.close()
+        self.core.close()
 
     def __enter__(self) -> EngineCore:
         return self

@@ -1,68 +1,133 @@
-"""Request fan-out shared by the native and OpenAI routes: expand prompts × n into
-GenerateInputs, run them concurrently, and stream or collect their chunks.
+"""Running a call's validated inputs, shared by the native and OpenAI routes and the offline
+engines: `collect` (non-stream), `stream_chunks` (stream), their client-disconnect handling,
+`sse` framing, `GenerateOutput` (one request's chunks appended, each costing what it holds) and
+`native_output`, the one formatter of SGLang's native output. The native stream repeats the
+cumulative text and ids in every event, as SGLang's wire format does; OpenAI streams send deltas.
 
-A disconnected client cancels its generators, which abort their requests in the scheduler.
+Abort on disconnect is one mechanism for every route: the work runs in tasks; a client that
+leaves cancels them, and `TokenizerManager.generate`'s cleanup aborts each unfinished request
+in the scheduler (its KV is freed, it leaves the load). Non-stream calls watch the connection
+(`until_disconnect`); a stream notices when Starlette cancels its body on disconnect.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+import json
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from fastapi import Request
 
-from radixserve.engine.managers.tokenizer_manager import GenerateInput, TokenizerManager
+from radixserve.engine.ipc.finish_reason import FinishReason
+from radixserve.engine.managers.tokenizer_manager import (
+    GenerateChunk,
+    GenerateInput,
+    TokenizerManager,
+)
+
+T = TypeVar("T")
+
+DISCONNECT_POLL_S = 0.5
+DONE = b"data: [DONE]\n\n"
 
 
-def expand_n(inputs: list[GenerateInput]) -> list[GenerateInput]:
-    """n > 1 becomes n inputs; with a seed, sample i uses seed + i (distinct, reproducible)."""
-    out = []
-    for inp in inputs:
-        params = dict(inp.sampling_params)
-        n = int(params.pop("n", 1) or 1)
-        if n < 1:
-            raise ValueError(f"n: must be ≥ 1, got {n}")
-        seed = params.get("sampling_seed")
-        for i in range(n):
-            p = dict(params)
-            if seed is not None:
-                p["sampling_seed"] = int(seed) + i
-            out.append(
-                GenerateInput(
-                    inp.input_ids, p, inp.text, inp.stream, inp.return_logprob, inp.top_logprobs_num
-                )
-            )
-    return out
+@dataclass(slots=True)
+class GenerateOutput:
+    """Everything one request produced so far; `add` costs what the chunk holds."""
+
+    rid: str = ""
+    text_parts: list[str] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    token_logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    last: GenerateChunk | None = None
+
+    def add(self, chunk: GenerateChunk) -> None:
+        self.rid = chunk.rid
+        self.text_parts.append(chunk.text_delta)
+        self.output_ids += chunk.output_ids
+        self.token_logprobs += chunk.token_logprobs
+        self.top_logprobs += chunk.top_logprobs
+        self.last = chunk
+
+    @property
+    def text(self) -> str:
+        if len(self.text_parts) > 1:  # joined once, then kept joined
+            self.text_parts[:] = ["".join(self.text_parts)]
+        return self.text_parts[0] if self.text_parts else ""
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return None if self.last is None else self.last.finish_reason
+
+    def meta_info(self) -> dict[str, Any]:
+        last = self.last
+        assert last is not None, "meta_info of a request that produced no chunk"
+        reason = last.finish_reason
+        meta: dict[str, Any] = {
+            "id": self.rid,
+            "finish_reason": None if reason is None else reason.to_json(),
+            "prompt_tokens": last.prompt_tokens,
+            "completion_tokens": last.completion_tokens,
+            "cached_tokens": last.cached_tokens,
+            "total_retractions": last.total_retractions,
+        }
+        if last.e2e_latency is not None:
+            meta["e2e_latency"] = last.e2e_latency
+        return meta
 
 
-async def collect(tm: TokenizerManager, inputs: list[GenerateInput]) -> list[dict[str, Any]]:
-    """Run all inputs concurrently; return each one's final chunk, in order."""
-    for inp in inputs:
-        tm.validate(inp)  # reject the whole call before anything is scheduled
+def native_output(out: GenerateOutput, return_logprob: bool) -> dict[str, Any]:
+    """SGLang's native output object (logprobs as [logprob, token id, None] triples)."""
+    meta = out.meta_info()
+    if return_logprob:
+        meta["output_token_logprobs"] = [
+            [lp, t, None] for lp, t in zip(out.token_logprobs, out.output_ids, strict=False)
+        ]
+        if out.top_logprobs:
+            meta["output_top_logprobs"] = [
+                [[lp, t, None] for lp, t in row] for row in out.top_logprobs
+            ]
+    return {"text": out.text, "output_ids": list(out.output_ids), "meta_info": meta}
 
-    async def last(inp: GenerateInput) -> dict[str, Any]:
-        final: dict[str, Any] = {}
+
+def sse(payload: Any) -> bytes:
+    """One server-sent event carrying `payload` as JSON."""
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+async def collect(tm: TokenizerManager, inputs: list[GenerateInput]) -> list[GenerateOutput]:
+    """Run all inputs concurrently; return each one's accumulated output, in order."""
+
+    async def one(inp: GenerateInput) -> GenerateOutput:
+        out = GenerateOutput()
         async for chunk in tm.generate(inp):
-            final = chunk
-        return final
+            out.add(chunk)
+        return out
 
-    return list(await asyncio.gather(*(last(i) for i in inputs)))
+    tasks = [asyncio.create_task(one(i)) for i in inputs]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        await _cancel_all(tasks)  # one failed (or we were cancelled): abort the others
 
 
-async def merge_streams(
+async def stream_chunks(
     tm: TokenizerManager, inputs: list[GenerateInput]
-) -> AsyncIterator[tuple[int, dict[str, Any]]]:
-    """Chunks of all inputs as they arrive, tagged with the input's index."""
-    for inp in inputs:
-        tm.validate(inp)
-    queue: asyncio.Queue[tuple[int, dict[str, Any] | None]] = asyncio.Queue()
+) -> AsyncGenerator[tuple[int, GenerateChunk], None]:
+    """Chunks of all inputs as they arrive, tagged with the input's index. Closing the
+    iterator early (client gone) aborts every unfinished request."""
+    queue: asyncio.Queue[tuple[int, GenerateChunk | None | BaseException]] = asyncio.Queue()
 
     async def pump(i: int, inp: GenerateInput) -> None:
         try:
             async for chunk in tm.generate(inp):
                 await queue.put((i, chunk))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            await queue.put((i, exc))
         finally:
             await queue.put((i, None))
 
@@ -70,27 +135,36 @@ async def merge_streams(
     remaining = len(tasks)
     try:
         while remaining:
-            i, chunk = await queue.get()
-            if chunk is None:
+            i, item = await queue.get()
+            if item is None:
                 remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
             else:
-                yield i, chunk
+                yield i, item
     finally:
-        for t in tasks:
-            t.cancel()  # client gone: the generators' cleanup aborts unfinished requests
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await _cancel_all(tasks)
 
 
-async def until_disconnect(request: Request, work: Callable[[], Awaitable[Any]]) -> Any:
+async def _cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
+    for t in tasks:
+        t.cancel()
+    for t in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await t
+
+
+async def until_disconnect(request: Request, work: Callable[[], Awaitable[T]]) -> T:
     """Await work(); if the client disconnects first, cancel it (which aborts its requests)."""
-    task = asyncio.create_task(work())
-    while not task.done():
-        done, _ = await asyncio.wait({task}, timeout=0.5)
-        if not done and await request.is_disconnected():
+    task = asyncio.ensure_future(work())
+    try:
+        while not task.done():
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not done and await request.is_disconnected():
+                raise asyncio.CancelledError("client disconnected")
+        return task.result()
+    finally:
+        if not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-            raise asyncio.CancelledError("client disconnected")
-    return task.result()

@@ -1,15 +1,29 @@
-"""JSON error responses in OpenAI's shape: {"object": "error", "message", "type", "code"}."""
+"""HTTP errors of the engine, in OpenAI's JSON shape
+`{"object": "error", "message", "type", "param", "code"}`.
+
+Only a validation error (`InvalidRequest`, raised while validating a request at the edge) is a
+400, its `param` naming the field. `HTTPError` carries another status the edge chose (an engine
+abort's 503, ...). Anything else is a bug: a 500 whose body carries the request id, with the
+traceback logged under that id. Every response carries `X-Request-ID`.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from radixserve.engine.managers.tokenizer_manager import RequestError
+from radixserve.engine.entrypoints.request_builder import InvalidRequest
+
+logger = logging.getLogger(__name__)
+
+REQUEST_ID_HEADER = "X-Request-ID"
 
 _TYPES = {
     400: "BadRequestError",
@@ -20,16 +34,36 @@ _TYPES = {
 }
 
 
-def error_response(message: str, status_code: int = 400) -> JSONResponse:
-    return JSONResponse(
-        {
-            "object": "error",
-            "message": message,
-            "type": _TYPES.get(status_code, "Error"),
-            "code": status_code,
-        },
-        status_code=status_code,
-    )
+class HTTPError(Exception):
+    """A response the edge decided on: this status and message (not a bug, not a 400)."""
+
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+def error_body(
+    message: str, status_code: int, param: str | None = None, request_id: str | None = None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "object": "error",
+        "message": message,
+        "type": _TYPES.get(status_code, "Error"),
+        "param": param,
+        "code": status_code,
+    }
+    if request_id is not None:
+        body["request_id"] = request_id
+    return body
+
+
+def error_response(message: str, status_code: int, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status_code, param), status_code=status_code)
+
+
+def sse_error(message: str, status_code: int) -> bytes:
+    """The error event that ends a stream that already started (then `data: [DONE]`)."""
+    return f"data: {json.dumps({'error': error_body(message, status_code)})}\n\n".encode()
 
 
 async def read_json_object(request: Request) -> dict[str, Any]:
@@ -37,9 +71,9 @@ async def read_json_object(request: Request) -> dict[str, Any]:
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise RequestError("body: malformed JSON") from None
+        raise InvalidRequest("body: malformed JSON") from None
     if not isinstance(body, dict):
-        raise RequestError("body: expected a JSON object")
+        raise InvalidRequest("body: expected a JSON object")
     return body
 
 
@@ -51,15 +85,54 @@ def _describe(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(RequestError)
-    async def _request_error(_: Request, exc: RequestError) -> JSONResponse:
-        return error_response(str(exc), exc.status_code)
+class InternalErrorMiddleware:
+    """Pure ASGI (a BaseHTTPMiddleware would hide client disconnects from the routes): tags
+    every request with an id, and turns an exception no handler took into a logged 500."""
 
-    @app.exception_handler(ValueError)
-    async def _value_error(_: Request, exc: ValueError) -> JSONResponse:
-        return error_response(str(exc), 400)
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        rid = headers.get(REQUEST_ID_HEADER.lower().encode(), b"").decode() or uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = rid
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                extra = (REQUEST_ID_HEADER.lower().encode(), rid.encode())
+                message["headers"] = [*message.get("headers", []), extra]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception as exc:
+            logger.exception(
+                "internal error in %s %s (request id %s)", scope["method"], scope["path"], rid
+            )
+            if started:  # too late for a status: the connection is cut
+                raise
+            body = error_body(f"internal error: {type(exc).__name__}", 500, request_id=rid)
+            response = JSONResponse(body, status_code=500, headers={REQUEST_ID_HEADER: rid})
+            await response(scope, receive, send)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(InvalidRequest)
+    async def _invalid(_: Request, exc: InvalidRequest) -> JSONResponse:
+        return error_response(str(exc), 400, exc.field)
+
+    @app.exception_handler(HTTPError)
+    async def _http_error(_: Request, exc: HTTPError) -> JSONResponse:
+        return error_response(str(exc), exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(_describe(exc), 400)
+
+    app.add_middleware(InternalErrorMiddleware)

@@ -1,80 +1,78 @@
 """The replica's HTTP server: native SGLang endpoints, OpenAI routes, health and metrics.
 
-Routes only: all request state lives in the TokenizerManager on `app.state.server`.
+Routes only (main process): a route validates its body once into `GenerateInput`s
+(request_builder), runs them (generation) and formats the outputs (output / openai_serving). All
+request state lives in the TokenizerManager on `app.state.server`.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixserve.engine.entrypoints.generation import (
+    DONE,
+    GenerateOutput,
     collect,
-    expand_n,
-    merge_streams,
+    native_output,
+    sse,
+    stream_chunks,
     until_disconnect,
 )
 from radixserve.engine.entrypoints.http_errors import (
+    HTTPError,
     error_response,
     install_error_handlers,
     read_json_object,
+    sse_error,
 )
 from radixserve.engine.entrypoints.openai_protocol import (
     ChatCompletionRequest,
     describe_validation_error,
 )
-from radixserve.engine.entrypoints.openai_routes import install_openai_routes
-from radixserve.engine.entrypoints.openai_serving import chat_prompt
+from radixserve.engine.entrypoints.openai_serving import chat_prompt, install_openai_routes
+from radixserve.engine.entrypoints.request_builder import (
+    InvalidRequest,
+    OutputOptions,
+    Prompt,
+    build_inputs,
+    native_prompts,
+    per_prompt_params,
+)
 from radixserve.engine.entrypoints.server_state import ServerState
-from radixserve.engine.managers.tokenizer_manager import GenerateInput, RequestError
+from radixserve.engine.ipc.finish_reason import FinishAbort
+from radixserve.engine.managers.tokenizer_manager import GenerateInput
+
+logger = logging.getLogger(__name__)
 
 OPEN_PATHS = {"/health"}
+HEALTH_PARAMS = {"max_new_tokens": 1, "temperature": 0}
 
 
-def sse(payload: Any) -> bytes:
-    return f"data: {json.dumps(payload)}\n\n".encode()
+def _flag(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{name}: expected a boolean")
+    return value
 
 
-def _body_inputs(state: ServerState, body: dict[str, Any]) -> tuple[list[GenerateInput], bool]:
-    text, ids = body.get("text"), body.get("input_ids")
-    if (text is None) == (ids is None):
-        raise RequestError("text: pass exactly one of 'text' or 'input_ids'")
-    single = isinstance(text, str) or (isinstance(ids, list) and ids and isinstance(ids[0], int))
+def generate_inputs(state: ServerState, body: dict[str, Any]) -> tuple[list[GenerateInput], bool]:
+    """/generate's body → validated inputs (n expanded) and whether it was a single prompt."""
     tm = state.tokenizer_manager
-    if text is not None:
-        texts = [text] if isinstance(text, str) else text
-        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-            raise RequestError("text: expected a string or a list of strings")
-        prompts = [(t, tm.tokenize(t)) for t in texts]
-    else:
-        lists = [ids] if single else ids
-        if not isinstance(lists, list) or not all(isinstance(x, list) for x in lists):
-            raise RequestError("input_ids: expected a list of ints or a list of lists")
-        if not all(isinstance(t, int) for x in lists for t in x):
-            raise RequestError("input_ids: token ids must be integers")
-        prompts = [(None, list(x)) for x in lists]
-    params = body.get("sampling_params") or {}
-    if isinstance(params, list) and len(params) != len(prompts):
-        raise RequestError(f"sampling_params: {len(params)} entries for {len(prompts)} prompts")
-    per = params if isinstance(params, list) else [params] * len(prompts)
-    top = int(body.get("top_logprobs_num") or 0)
-    inputs = [
-        GenerateInput(
-            p_ids,
-            dict(sp),
-            text=p_text,
-            stream=bool(body.get("stream")),
-            return_logprob=bool(body.get("return_logprob")) or top > 0,
-            top_logprobs_num=top,
-        )
-        for (p_text, p_ids), sp in zip(prompts, per, strict=True)
-    ]
-    return expand_n(inputs), bool(single) and len(inputs) == 1
+    prompts, single = native_prompts(tm.tokenize, body.get("text"), body.get("input_ids"))
+    params = per_prompt_params(body.get("sampling_params"), len(prompts))
+    top = body.get("top_logprobs_num", 0)
+    if not isinstance(top, int) or isinstance(top, bool):
+        raise InvalidRequest("top_logprobs_num: expected an integer")
+    options = OutputOptions(_flag(body, "stream"), _flag(body, "return_logprob"), top)
+    inputs = build_inputs(prompts, params, state.limits, options)
+    return inputs, single and len(inputs) == 1
 
 
 def _tokenize_body(state: ServerState, body: dict[str, Any]) -> list[int]:
@@ -83,18 +81,18 @@ def _tokenize_body(state: ServerState, body: dict[str, Any]) -> list[int]:
     if "messages" not in body:
         prompt = body.get("prompt", body.get("text"))
         if not isinstance(prompt, str):
-            raise RequestError("prompt: expected a string (or pass 'messages')")
+            raise InvalidRequest("prompt: expected a string (or pass 'messages')")
         return state.tokenizer_manager.tokenize(prompt)
     try:
         req = ChatCompletionRequest.model_validate(
             {"messages": body["messages"], "chat_template_kwargs": body.get("chat_template_kwargs")}
         )
     except ValidationError as exc:
-        raise RequestError(describe_validation_error(exc)) from None
+        raise InvalidRequest(describe_validation_error(exc)) from None
     add_prompt = body.get("add_generation_prompt", True)
     if not isinstance(add_prompt, bool):
-        raise RequestError("add_generation_prompt: expected a boolean")
-    return chat_prompt(state, req.messages, req.chat_template_kwargs, add_prompt)[1]
+        raise InvalidRequest("add_generation_prompt: expected a boolean")
+    return chat_prompt(state.tokenizer, req.messages, req.chat_template_kwargs, add_prompt)[1]
 
 
 def tokenizer_info(tokenizer: Any) -> dict[str, Any]:
@@ -114,23 +112,33 @@ def tokenizer_info(tokenizer: Any) -> dict[str, Any]:
     }
 
 
-def native_output(chunk: dict[str, Any], return_logprob: bool) -> dict[str, Any]:
-    meta = dict(chunk["meta_info"])
-    if return_logprob:
-        ids = chunk["output_ids"]
-        meta["output_token_logprobs"] = [
-            [lp, t, None] for lp, t in zip(chunk["token_logprobs"], ids, strict=False)
-        ]
-        if chunk["top_logprobs"]:
-            meta["output_top_logprobs"] = [
-                [[lp, t, None] for lp, t in row] for row in chunk["top_logprobs"]
-            ]
-    return {"text": chunk["text"], "output_ids": chunk["output_ids"], "meta_info": meta}
+def _raise_on_abort(outs: list[GenerateOutput]) -> None:
+    """An engine-side abort (e.g. queue full) is the request's HTTP status."""
+    for out in outs:
+        reason = out.finish_reason
+        if isinstance(reason, FinishAbort):
+            raise HTTPError(reason.message, reason.status_code)
+
+
+async def _native_events(
+    state: ServerState, inputs: list[GenerateInput], return_logprob: bool
+) -> AsyncIterator[bytes]:
+    """SSE of /generate: each chunk as SGLang sends it (cumulative text and ids so far)."""
+    outs = [GenerateOutput() for _ in inputs]
+    try:
+        async for i, chunk in stream_chunks(state.tokenizer_manager, inputs):
+            outs[i].add(chunk)
+            yield sse(native_output(outs[i], return_logprob))
+    except Exception:  # noqa: BLE001 - the stream has started: report, don't raise
+        logger.exception("/generate stream failed")
+        yield sse_error("internal error", 500)
+    yield DONE
 
 
 def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per route
     def st(request: Request) -> ServerState:
-        return request.app.state.server
+        state: ServerState = request.app.state.server
+        return state
 
     @app.get("/health")
     async def health(request: Request) -> Response:
@@ -139,34 +147,26 @@ def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per
 
     @app.get("/health_generate")
     async def health_generate(request: Request) -> Response:
-        tm = st(request).tokenizer_manager
-        inp = GenerateInput([1, 2], {"max_new_tokens": 1, "temperature": 0})
-        await collect(tm, [inp])
+        state = st(request)
+        inputs = build_inputs(
+            [Prompt(None, [1, 2])], [HEALTH_PARAMS], state.limits, OutputOptions()
+        )
+        await collect(state.tokenizer_manager, inputs)
         return Response(status_code=200)
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request) -> Response:
         body = await read_json_object(request)
         state = st(request)
-        inputs, single = _body_inputs(state, body)
-        tm, lp = state.tokenizer_manager, bool(body.get("return_logprob"))
-        if body.get("stream"):
-
-            async def events() -> AsyncIterator[bytes]:
-                async for _, chunk in merge_streams(tm, inputs):
-                    yield sse(native_output(chunk, lp))
-                yield b"data: [DONE]\n\n"
-
-            for inp in inputs:
-                tm.validate(inp)
-            return StreamingResponse(events(), media_type="text/event-stream")
+        inputs, single = generate_inputs(state, body)
+        lp = inputs[0].return_logprob if inputs else False
+        if inputs and inputs[0].stream:
+            return StreamingResponse(
+                _native_events(state, inputs, lp), media_type="text/event-stream"
+            )
+        tm = state.tokenizer_manager
         outs = await until_disconnect(request, lambda: collect(tm, inputs))
-        for o in outs:  # an engine-side abort (e.g. queue full) is the request's HTTP status
-            reason = o["meta_info"]["finish_reason"] or {}
-            if reason.get("type") == "abort":
-                return error_response(
-                    reason.get("message", "aborted"), int(reason.get("status_code", 400))
-                )
+        _raise_on_abort(outs)
         result = [native_output(o, lp) for o in outs]
         return JSONResponse(result[0] if single else result)
 
@@ -201,7 +201,7 @@ def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per
         body = await read_json_object(request)
         rid = body.get("rid")
         if not isinstance(rid, str) or not rid:
-            raise RequestError("rid: expected a non-empty string")
+            raise InvalidRequest("rid: expected a non-empty string")
         await st(request).tokenizer_manager.abort(rid)
         return {"success": True}
 
@@ -225,7 +225,7 @@ def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per
         body = await read_json_object(request)
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise RequestError("tokens: expected a list of token ids")
+            raise InvalidRequest("tokens: expected a list of token ids")
         return {"text": st(request).tokenizer.decode(tokens)}
 
     @app.get("/metrics")
@@ -235,23 +235,31 @@ def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per
         return Response(state.metrics.render(load), media_type="text/plain; version=0.0.4")
 
 
-def install_api_key(app: FastAPI, api_key: str | None) -> None:
-    if not api_key:
-        return
+class ApiKeyMiddleware:
+    """Pure ASGI, so that routes still see client disconnects: every path but OPEN_PATHS
+    needs `Authorization: Bearer <key>`."""
 
-    @app.middleware("http")
-    async def check_key(request: Request, call_next: Any) -> Response:
-        authorized = request.headers.get("authorization") == f"Bearer {api_key}"
-        if request.url.path not in OPEN_PATHS and not authorized:
-            return error_response("invalid or missing API key", 401)
-        return await call_next(request)
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        open_path = scope["type"] != "http" or scope["path"] in OPEN_PATHS
+        if (
+            not open_path
+            and dict(scope.get("headers") or []).get(b"authorization") != self.expected
+        ):
+            await error_response("invalid or missing API key", 401)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="radixserve engine")
     app.state.server = state
     install_error_handlers(app)
-    install_api_key(app, state.args.api_key)
+    if state.args.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=state.args.api_key)
     install_native_routes(app)
     install_openai_routes(app)
     return app

@@ -47,7 +47,7 @@ class ChildProcesses:
     ports: PortArgs
     scheduler_info: dict[str, Any]
     procs: list[BaseProcess] = field(default_factory=list)
-    crashed: bool = False  # a child died while serving
+    crashed: bool = False  # the server is stopping because something died (a child, the loop)
 
     def dead(self) -> list[BaseProcess]:
         return [p for p in self.procs if not p.is_alive()]

@@ -2,9 +2,9 @@
 chunks into OpenAI response pieces (finish reasons, usage, logprobs).
 
 Field checks split two ways: pydantic checks types and the few OpenAI-only bounds (n, logprobs);
-sampling ranges are left to `SamplingParams.verify` (via `TokenizerManager.validate`) so the
-native and OpenAI APIs report them alike, with the engine's parameter names mapped back to the
-OpenAI ones (`max_new_tokens` → `max_tokens`, ...).
+sampling ranges are left to the edge's one validation step (`request_builder.build_inputs`) so
+the native and OpenAI APIs report them alike, with the engine's parameter names mapped back to
+the OpenAI ones (`max_new_tokens` → `max_tokens`, ...). Runs in the main process.
 """
 
 from __future__ import annotations
@@ -12,13 +12,21 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from radixserve.engine.entrypoints.http_errors import read_json_object
-from radixserve.engine.managers.tokenizer_manager import GenerateInput, RequestError
+from radixserve.engine.entrypoints.http_errors import HTTPError, read_json_object
+from radixserve.engine.entrypoints.request_builder import (
+    InvalidRequest,
+    OutputOptions,
+    Prompt,
+    ServerLimits,
+    build_inputs,
+)
+from radixserve.engine.ipc.finish_reason import FinishAbort, FinishLength, FinishReason
+from radixserve.engine.managers.tokenizer_manager import GenerateChunk, GenerateInput
 
 MAX_N = 128
 MAX_TOP_LOGPROBS = 20
@@ -145,38 +153,36 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 
 async def parse_body(request: Request, model: type[BaseModel]) -> Any:
-    """The request body as `model`; malformed JSON or a bad field is a RequestError (400)."""
+    """The request body as `model`; malformed JSON or a bad field is an InvalidRequest."""
     body = await read_json_object(request)
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        raise RequestError(describe_validation_error(exc)) from None
+        raise InvalidRequest(describe_validation_error(exc)) from None
 
 
 def check_model(req: _SamplingRequest, served: str) -> None:
     """A request may omit `model`; one that names it must name the served model."""
     if req.model is not None and req.model != served:
-        raise RequestError(f"The model `{req.model}` does not exist.")
+        raise InvalidRequest(f"model: The model `{req.model}` does not exist.")
 
 
 def _is_id(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def prompt_list(
-    prompt: Any, tokenize: Callable[[str], list[int]]
-) -> list[tuple[str | None, list[int]]]:
+def prompt_list(prompt: Any, tokenize: Callable[[str], list[int]]) -> list[Prompt]:
     """(text or None, token ids) per prompt of a completions request."""
     if isinstance(prompt, str):
-        return [(prompt, tokenize(prompt))]
+        return [Prompt(prompt, tokenize(prompt))]
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return [(p, tokenize(p)) for p in prompt]
+            return [Prompt(p, tokenize(p)) for p in prompt]
         if all(_is_id(t) for t in prompt):
-            return [(None, list(prompt))]
+            return [Prompt(None, list(prompt))]
         if all(isinstance(p, list) and p and all(_is_id(t) for t in p) for p in prompt):
-            return [(None, list(p)) for p in prompt]
-    raise RequestError(
+            return [Prompt(None, list(p)) for p in prompt]
+    raise InvalidRequest(
         "prompt: expected a string, a list of strings, a list of token ids "
         "or a list of non-empty lists of token ids"
     )
@@ -191,7 +197,7 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             texts = []
             for part in content:
                 if part.type != "text" or part.text is None:
-                    raise RequestError(
+                    raise InvalidRequest(
                         f"messages.{i}.content: only text parts are supported, got {part.type!r}"
                     )
                 texts.append(part.text)
@@ -203,54 +209,46 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def rename_error(exc: RequestError) -> RequestError:
+def rename_error(exc: InvalidRequest) -> InvalidRequest:
     """The engine's message with its parameter names replaced by the OpenAI ones."""
-    msg = _ENGINE_NAME.sub(lambda m: _RENAMES[m.group(0)], str(exc))
-    return RequestError(msg, exc.status_code)
+    return InvalidRequest(_ENGINE_NAME.sub(lambda m: _RENAMES[m.group(0)], str(exc)))
 
 
-def validate_inputs(tm: Any, inputs: list[GenerateInput]) -> None:
-    """Reject the whole request before anything is scheduled, in OpenAI's parameter names."""
-    for inp in inputs:
-        try:
-            tm.validate(inp)
-        except RequestError as exc:
-            raise rename_error(exc) from None
+def openai_inputs(
+    prompts: list[Prompt], params: dict[str, Any], limits: ServerLimits, options: OutputOptions
+) -> list[GenerateInput]:
+    """The edge's validation of every prompt, errors in OpenAI's parameter names."""
+    try:
+        return build_inputs(prompts, [params] * len(prompts), limits, options)
+    except InvalidRequest as exc:
+        raise rename_error(exc) from None
 
 
 # ---- responses --------------------------------------------------------------------------------
 
 
-class RequestAborted(RequestError):
-    """The engine finished a request with {"type": "abort"}."""
-
-
-def finish_reason(meta: dict[str, Any]) -> tuple[str | None, Any]:
-    """(OpenAI finish_reason, matched stop token/string) of an engine chunk; abort raises."""
-    finish = meta.get("finish_reason")
-    if finish is None:
+def finish_reason(reason: FinishReason | None) -> tuple[str | None, int | str | None]:
+    """(OpenAI finish_reason, matched stop token/string); an engine abort raises HTTPError."""
+    if reason is None:
         return None, None
-    kind = finish.get("type")
-    if kind == "abort":
-        raise RequestAborted(
-            str(finish.get("message") or "request aborted"), int(finish.get("status_code") or 500)
-        )
-    if kind == "length":
+    if isinstance(reason, FinishAbort):
+        raise HTTPError(reason.message or "request aborted", reason.status_code or 500)
+    if isinstance(reason, FinishLength):
         return "length", None
-    return "stop", finish.get("matched")
+    return "stop", reason.matched
 
 
-def usage(metas: list[dict[str, Any] | None], n: int) -> dict[str, Any]:
-    """Usage over all choices: completion tokens summed, the prompt counted once per prompt
-    (its n samples share it) and cached tokens as the best of those samples."""
+def usage(lasts: list[GenerateChunk | None], n: int) -> dict[str, Any]:
+    """Usage over all choices (each one's last chunk): completion tokens summed, the prompt
+    counted once per prompt (its n samples share it), cached tokens the best of those samples."""
     prompt = cached = completion = 0
-    for start in range(0, len(metas), n):
-        group = [m for m in metas[start : start + n] if m is not None]
+    for start in range(0, len(lasts), n):
+        group = [c for c in lasts[start : start + n] if c is not None]
         if not group:
             continue
-        prompt += group[0]["prompt_tokens"]
-        cached += max(m.get("cached_tokens", 0) for m in group)
-        completion += sum(m["completion_tokens"] for m in group)
+        prompt += group[0].prompt_tokens
+        cached += max(c.cached_tokens for c in group)
+        completion += sum(c.completion_tokens for c in group)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -277,27 +275,32 @@ class TokenText:
         return s
 
 
-def _positions(chunk: dict[str, Any], start: int) -> list[tuple[int, float, list[Any]]]:
-    """(token id, logprob, top list) for output positions start.. of the chunk.
+class TokenLogprobs(NamedTuple):
+    """Positions of one output (or one chunk's delta): ids with their logprobs."""
 
-    Indexed by the chunk's own output_ids: its logprob lists may already hold later positions.
-    """
-    ids, lps, tops = chunk["output_ids"], chunk["token_logprobs"], chunk["top_logprobs"]
-    end = min(len(ids), len(lps))
-    return [(ids[i], lps[i], tops[i] if i < len(tops) else []) for i in range(start, end)]
+    ids: list[int]
+    logprobs: list[float]
+    tops: list[list[tuple[float, int]]]
+
+    def positions(self) -> list[tuple[int, float, list[tuple[float, int]]]]:
+        tops = self.tops
+        return [
+            (tok, lp, tops[i] if i < len(tops) else [])
+            for i, (tok, lp) in enumerate(zip(self.ids, self.logprobs, strict=False))
+        ]
 
 
 def completion_logprobs(
-    text_of: TokenText, chunk: dict[str, Any], start: int, offset: int, with_top: bool
+    text_of: TokenText, lps: TokenLogprobs, offset: int, with_top: bool
 ) -> tuple[dict[str, Any], int]:
-    """Completions `logprobs` for positions start.. and the text offset after them."""
+    """Completions `logprobs` for these positions and the text offset after them."""
     out: dict[str, Any] = {
         "tokens": [],
         "token_logprobs": [],
         "top_logprobs": [],
         "text_offset": [],
     }
-    for tok, lp, top in _positions(chunk, start):
+    for tok, lp, top in lps.positions():
         s = text_of(tok)
         out["tokens"].append(s)
         out["token_logprobs"].append(_lp(lp))
@@ -312,10 +315,10 @@ def _chat_entry(text_of: TokenText, tok: int, lp: float) -> dict[str, Any]:
     return {"token": s, "logprob": _lp(lp), "bytes": list(s.encode("utf-8"))}
 
 
-def chat_logprobs(text_of: TokenText, chunk: dict[str, Any], start: int) -> dict[str, Any]:
-    """Chat `logprobs` ({"content": [...]}) for positions start.."""
+def chat_logprobs(text_of: TokenText, lps: TokenLogprobs) -> dict[str, Any]:
+    """Chat `logprobs` ({"content": [...]}) for these positions."""
     content = []
-    for tok, lp, top in _positions(chunk, start):
+    for tok, lp, top in lps.positions():
         entry = _chat_entry(text_of, tok, lp)
         entry["top_logprobs"] = [_chat_entry(text_of, t, v) for v, t in top]
         content.append(entry)

@@ -1,17 +1,18 @@
-"""/v1/completions and /v1/chat/completions: build engine inputs from an OpenAI request, run
-them (prompts × n, concurrently), and answer with one JSON object or an SSE stream.
+"""The OpenAI routes (/v1/models, /v1/completions, /v1/chat/completions): validate an OpenAI
+request into engine inputs, run them (prompts × n, concurrently), and answer with one JSON
+object or an SSE stream. Runs in the main process.
 
 Defaults (documented behaviour): `max_tokens` is 16 for completions (OpenAI's and SGLang's
 default); for chat, absent `max_tokens`/`max_completion_tokens` means "until the context is full"
 (context_len − prompt − 1), as SGLang does. `n` samples of a prompt with a `seed` use seed + i.
 Choice index = prompt_index · n + j. A request the engine aborts fails with the abort's message
 and status (non-stream) or ends its stream with `data: {"error": ...}` then `data: [DONE]`.
+A client that disconnects aborts its requests (see generation.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -19,48 +20,42 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from radixserve.engine.entrypoints.generation import (
+    DONE,
+    GenerateOutput,
     collect,
-    expand_n,
-    merge_streams,
+    sse,
+    stream_chunks,
     until_disconnect,
 )
-from radixserve.engine.entrypoints.http_errors import error_response
+from radixserve.engine.entrypoints.http_errors import HTTPError, sse_error
 from radixserve.engine.entrypoints.openai_protocol import (
     COMPLETION_DEFAULT_MAX_TOKENS,
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    TokenLogprobs,
     TokenText,
     chat_logprobs,
     check_model,
     completion_logprobs,
     finish_reason,
     message_dicts,
+    openai_inputs,
     parse_body,
     prompt_list,
     usage,
-    validate_inputs,
 )
-from radixserve.engine.managers.tokenizer_manager import GenerateInput, RequestError
+from radixserve.engine.entrypoints.request_builder import InvalidRequest, OutputOptions, Prompt
+from radixserve.engine.entrypoints.server_state import ServerState
+from radixserve.engine.managers.tokenizer_manager import GenerateChunk, GenerateInput
 
 logger = logging.getLogger(__name__)
 
-DONE = b"data: [DONE]\n\n"
-
 Chunk = dict[str, Any]
-
-
-def sse(payload: Any) -> bytes:
-    return f"data: {json.dumps(payload)}\n\n".encode()
-
-
-def sse_error(message: str, status_code: int) -> bytes:
-    body = bytes(error_response(message, status_code).body)
-    return b'data: {"error": ' + body + b"}\n\n"
 
 
 @dataclass
@@ -95,26 +90,17 @@ class _Call:
         }
 
 
-def _state(request: Request) -> Any:
-    return request.app.state.server
+def _state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.server
+    return state
 
 
-def _build_inputs(
-    prompts: list[tuple[str | None, list[int]]],
-    params: dict[str, Any],
-    stream: bool,
-    logprobs: bool,
-    top: int,
-) -> list[GenerateInput]:
-    base = [
-        GenerateInput(ids, dict(params), text, stream, logprobs, top if logprobs else 0)
-        for text, ids in prompts
-    ]
-    return expand_n(base)
+def _lps(x: GenerateOutput | GenerateChunk) -> TokenLogprobs:
+    return TokenLogprobs(x.output_ids, x.token_logprobs, x.top_logprobs)
 
 
-async def _run(request: Request, call: _Call) -> list[Chunk]:
-    """Non-stream: every input's final chunk (the client leaving cancels and aborts them)."""
+async def _run(request: Request, call: _Call) -> list[GenerateOutput]:
+    """Non-stream: every input's output (the client leaving cancels and aborts them)."""
     tm = _state(request).tokenizer_manager
     return await until_disconnect(request, lambda: collect(tm, call.inputs))
 
@@ -123,29 +109,29 @@ async def _events(
     request: Request,
     call: _Call,
     prologue: list[Chunk],
-    on_chunk: Callable[[int, Chunk], Iterable[Chunk]],
+    on_chunk: Callable[[int, GenerateChunk], Iterable[Chunk]],
 ) -> AsyncIterator[bytes]:
     """SSE body: prologue, per-chunk payloads, optional usage chunk, then [DONE].
 
-    Closing this generator (client gone) closes merge_streams, which aborts the requests.
+    Closing this generator (client gone) closes stream_chunks, which aborts the requests.
     """
     tm = _state(request).tokenizer_manager
-    metas: list[dict[str, Any] | None] = [None] * len(call.inputs)
+    lasts: list[GenerateChunk | None] = [None] * len(call.inputs)
     try:
         for payload in prologue:
             yield sse(payload)
-        async with contextlib.aclosing(merge_streams(tm, call.inputs)) as stream:
+        async with contextlib.aclosing(stream_chunks(tm, call.inputs)) as stream:
             async for i, chunk in stream:
-                metas[i] = chunk["meta_info"]
+                lasts[i] = chunk
                 for payload in on_chunk(i, chunk):
                     yield sse(payload)
         if call.include_usage:
-            yield sse(call.obj(call.chunk_kind, [], usage=usage(metas, call.n)))
-    except RequestError as exc:  # an abort, or a late validation failure
+            yield sse(call.obj(call.chunk_kind, [], usage=usage(lasts, call.n)))
+    except HTTPError as exc:  # an engine abort
         yield sse_error(str(exc), exc.status_code)
-    except Exception as exc:  # noqa: BLE001 - the stream has started: report, don't raise
+    except Exception:  # noqa: BLE001 - the stream has started: report, don't raise
         logger.exception("OpenAI stream failed")
-        yield sse_error(f"internal error: {exc}", 500)
+        yield sse_error("internal error", 500)
     yield DONE
 
 
@@ -161,16 +147,14 @@ async def create_completion(request: Request) -> Response:
     req: CompletionRequest = await parse_body(request, CompletionRequest)
     check_model(req, state.args.model_name)
     if req.suffix:
-        raise RequestError("suffix: not supported")
+        raise InvalidRequest("suffix: not supported")
     if req.echo and req.logprobs is not None:
-        raise RequestError("echo: not supported together with logprobs (no prompt logprobs)")
-    tm = state.tokenizer_manager
-    prompts = prompt_list(req.prompt, tm.tokenize)
+        raise InvalidRequest("echo: not supported together with logprobs (no prompt logprobs)")
+    prompts = prompt_list(req.prompt, state.tokenizer_manager.tokenize)
     max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
-    params = req.sampling_params(max_tokens)
     want_lp = req.logprobs is not None
-    inputs = _build_inputs(prompts, params, req.stream, want_lp, req.logprobs or 0)
-    validate_inputs(tm, inputs)
+    options = OutputOptions(req.stream, want_lp, req.logprobs or 0)
+    inputs = openai_inputs(prompts, req.sampling_params(max_tokens), state.limits, options)
     call = _Call(
         "text_completion",
         state.args.model_name,
@@ -189,18 +173,18 @@ async def create_completion(request: Request) -> Response:
     outs = await _run(request, call)
     choices = []
     for i, out in enumerate(outs):
-        reason, matched = finish_reason(out["meta_info"])
-        lp = completion_logprobs(call.text_of, out, 0, 0, with_top)[0] if want_lp else None
+        reason, matched = finish_reason(out.finish_reason)
+        lp = completion_logprobs(call.text_of, _lps(out), 0, with_top)[0] if want_lp else None
         choices.append(
             {
                 "index": i,
-                "text": echoes[i // call.n] + out["text"],
+                "text": echoes[i // call.n] + out.text,
                 "logprobs": lp,
                 "finish_reason": reason,
                 "matched_stop": matched,
             }
         )
-    body = call.obj(call.kind, choices, usage=usage([o["meta_info"] for o in outs], call.n))
+    body = call.obj(call.kind, choices, usage=usage([o.last for o in outs], call.n))
     return JSONResponse(body)
 
 
@@ -208,18 +192,17 @@ def _completion_stream(
     request: Request, call: _Call, echoes: list[str], want_lp: bool, with_top: bool
 ) -> AsyncIterator[bytes]:
     count = len(call.inputs)
-    sent, offsets, echoed = [0] * count, [0] * count, [False] * count
+    offsets, echoed = [0] * count, [False] * count
 
-    def on_chunk(i: int, chunk: Chunk) -> list[Chunk]:
-        reason, matched = finish_reason(chunk["meta_info"])
-        text = chunk["delta"]
+    def on_chunk(i: int, chunk: GenerateChunk) -> list[Chunk]:
+        reason, matched = finish_reason(chunk.finish_reason)
+        text = chunk.text_delta
         if not echoed[i]:
             text, echoed[i] = echoes[i // call.n] + text, True
             offsets[i] = len(echoes[i // call.n])
         lp = None
         if want_lp:
-            lp, offsets[i] = completion_logprobs(call.text_of, chunk, sent[i], offsets[i], with_top)
-        sent[i] = len(chunk["output_ids"])
+            lp, offsets[i] = completion_logprobs(call.text_of, _lps(chunk), offsets[i], with_top)
         if not text and reason is None and not (lp and lp["tokens"]):
             return []
         choice = {
@@ -238,7 +221,7 @@ def _completion_stream(
 
 
 def chat_prompt(
-    state: Any,
+    tokenizer: Any,
     messages: list[ChatMessage],
     template_kwargs: dict[str, Any] | None,
     add_generation_prompt: bool = True,
@@ -247,9 +230,8 @@ def chat_prompt(
 
     The one path from chat messages to prompt ids: /v1/chat/completions and /tokenize use it.
     """
-    tokenizer = state.tokenizer
     if getattr(tokenizer, "chat_template", None) is None:
-        raise RequestError("messages: this model has no chat template")
+        raise InvalidRequest("messages: this model has no chat template")
     try:
         text = tokenizer.apply_chat_template(
             message_dicts(messages),
@@ -257,24 +239,23 @@ def chat_prompt(
             add_generation_prompt=add_generation_prompt,
             **(template_kwargs or {}),
         )
-    except RequestError:
+    except InvalidRequest:
         raise
     except Exception as exc:  # noqa: BLE001 - template errors are the client's messages
-        raise RequestError(f"messages: cannot apply the chat template: {exc}") from None
+        raise InvalidRequest(f"messages: cannot apply the chat template: {exc}") from None
     bos = getattr(tokenizer, "bos_token", None)
-    if bos and text.startswith(bos):
-        return text, list(tokenizer.encode(text, add_special_tokens=False))
-    return text, state.tokenizer_manager.tokenize(text)
+    with_special = not (bos and text.startswith(bos))
+    return text, list(tokenizer.encode(text, add_special_tokens=with_special))
 
 
 def _check_chat(req: ChatCompletionRequest) -> None:
     if req.tools:
-        raise RequestError("tools: tool calling is not supported by this server")
+        raise InvalidRequest("tools: tool calling is not supported by this server")
     fmt = (req.response_format or {}).get("type")
     if fmt not in (None, "text"):
-        raise RequestError('response_format: only {"type": "text"} is supported')
+        raise InvalidRequest('response_format: only {"type": "text"} is supported')
     if req.top_logprobs and not req.logprobs:
-        raise RequestError("top_logprobs: requires logprobs to be true")
+        raise InvalidRequest("top_logprobs: requires logprobs to be true")
 
 
 async def create_chat_completion(request: Request) -> Response:
@@ -282,16 +263,17 @@ async def create_chat_completion(request: Request) -> Response:
     req: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
     check_model(req, state.args.model_name)
     _check_chat(req)
-    tm = state.tokenizer_manager
-    text, ids = chat_prompt(state, req.messages, req.chat_template_kwargs)
+    text, ids = chat_prompt(state.tokenizer, req.messages, req.chat_template_kwargs)
     max_tokens = (
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
     if max_tokens is None:  # SGLang: generate until the context is full
-        max_tokens = max(0, tm.limits.context_len - len(ids) - 1)
-    params = req.sampling_params(max_tokens)
-    inputs = _build_inputs([(text, ids)], params, req.stream, req.logprobs, req.top_logprobs or 0)
-    validate_inputs(tm, inputs)
+        max_tokens = max(0, state.limits.context_len - len(ids) - 1)
+    top = (req.top_logprobs or 0) if req.logprobs else 0
+    options = OutputOptions(req.stream, req.logprobs, top)
+    inputs = openai_inputs(
+        [Prompt(text, ids)], req.sampling_params(max_tokens), state.limits, options
+    )
     call = _Call(
         "chat.completion",
         state.args.model_name,
@@ -305,38 +287,66 @@ async def create_chat_completion(request: Request) -> Response:
     outs = await _run(request, call)
     choices = []
     for i, out in enumerate(outs):
-        reason, matched = finish_reason(out["meta_info"])
+        reason, matched = finish_reason(out.finish_reason)
         choices.append(
             {
                 "index": i,
-                "message": {"role": "assistant", "content": out["text"]},
-                "logprobs": chat_logprobs(call.text_of, out, 0) if req.logprobs else None,
+                "message": {"role": "assistant", "content": out.text},
+                "logprobs": chat_logprobs(call.text_of, _lps(out)) if req.logprobs else None,
                 "finish_reason": reason,
                 "matched_stop": matched,
             }
         )
-    body = call.obj(call.kind, choices, usage=usage([o["meta_info"] for o in outs], call.n))
+    body = call.obj(call.kind, choices, usage=usage([o.last for o in outs], call.n))
     return JSONResponse(body)
 
 
 def _chat_stream(request: Request, call: _Call, want_lp: bool) -> AsyncIterator[bytes]:
     kind = call.chunk_kind
-    sent = [0] * len(call.inputs)
 
     def choice(i: int, delta: Chunk, lp: Any = None, reason: Any = None, **extra: Any) -> Chunk:
         c = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": reason, **extra}
         return call.obj(kind, [c])
 
-    def on_chunk(i: int, chunk: Chunk) -> list[Chunk]:
-        reason, matched = finish_reason(chunk["meta_info"])
-        lp = chat_logprobs(call.text_of, chunk, sent[i]) if want_lp else None
-        sent[i] = len(chunk["output_ids"])
+    def on_chunk(i: int, chunk: GenerateChunk) -> list[Chunk]:
+        reason, matched = finish_reason(chunk.finish_reason)
+        lp = chat_logprobs(call.text_of, _lps(chunk)) if want_lp else None
         out = []
-        if chunk["delta"] or (lp and lp["content"]):
-            out.append(choice(i, {"content": chunk["delta"]}, lp))
+        if chunk.text_delta or (lp and lp["content"]):
+            out.append(choice(i, {"content": chunk.text_delta}, lp))
         if reason is not None:
             out.append(choice(i, {}, None, reason, matched_stop=matched))
         return out
 
     prologue = [choice(i, {"role": "assistant", "content": ""}) for i in range(len(call.inputs))]
     return _events(request, call, prologue, on_chunk)
+
+
+# ---- routes -----------------------------------------------------------------------------------
+
+
+def install_openai_routes(app: FastAPI) -> None:
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        name = request.app.state.server.args.model_name
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "radixserve",
+                    "root": name,
+                    "max_model_len": request.app.state.server.model_info["context_length"],
+                }
+            ],
+        }
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await create_completion(request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await create_chat_completion(request)

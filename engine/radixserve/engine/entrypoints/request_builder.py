@@ -1,136 +1,161 @@
-"""Turns user-facing generate() arguments into validated Req objects and back into SGLang's
-output dicts. Shared by the offline Engine and the HTTP server's tokenizer manager."""
+"""The edge's one validation step: prompts + raw sampling parameters → validated, normalised,
+n-expanded `GenerateInput`s. Used by every route, the offline Engine and EngineCore; nothing
+behind it validates again.
+
+Every client mistake raises `InvalidRequest` (a ValueError whose message starts with the field
+name); anything else that escapes from here is a bug.
+"""
 
 from __future__ import annotations
 
-import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
-from radixserve.engine.managers.finish_reason import FinishMatchedStr, FinishMatchedToken
-from radixserve.engine.managers.req import Req, StopCriteria
-from radixserve.engine.sampling import SamplingParams, make_generator
+from radixserve.engine.managers.tokenizer_manager import GenerateInput
+from radixserve.engine.sampling import SamplingParams
+
+Tokenize = Callable[[str], list[int]]
+
+
+class InvalidRequest(ValueError):
+    """A client error found while validating a request; `field` is the offending field."""
+
+    @property
+    def field(self) -> str:
+        head, sep, _ = str(self).partition(":")
+        return head if sep and " " not in head.strip() else "body"
 
 
 @dataclass(frozen=True, slots=True)
-class PromptBatch:
-    texts: list[str | None]
-    input_ids: list[list[int]]
-    params: list[dict[str, Any]]
-    is_single: bool
+class ServerLimits:
+    """What a request is checked against (from the scheduler's start-up handshake)."""
+
+    context_len: int
+    max_req_input_len: int
+    vocab_size: int
 
 
-def normalize_inputs(
-    tokenizer: Any,
-    prompt: str | list[str] | None,
-    input_ids: list[int] | list[list[int]] | None,
-    sampling_params: dict[str, Any] | list[dict[str, Any]] | None,
-) -> PromptBatch:
-    """Accept exactly one of prompt / input_ids, single or batched, with per-prompt params."""
-    if (prompt is None) == (input_ids is None):
-        raise ValueError("prompt: pass exactly one of prompt= or input_ids=")
-    if prompt is not None:
-        single = isinstance(prompt, str)
-        texts: list[str | None] = [prompt] if single else list(prompt)  # type: ignore[list-item]
-        if not all(isinstance(t, str) for t in texts):
-            raise ValueError("prompt: expected a string or a list of strings")
-        ids = [tokenizer.encode(t) for t in texts]
-    else:
-        assert input_ids is not None
-        single = bool(input_ids) and isinstance(input_ids[0], int)
-        ids = [list(input_ids)] if single else [list(x) for x in input_ids]  # type: ignore[arg-type]
-        texts = [None] * len(ids)
+class Prompt(NamedTuple):
+    text: str | None  # None when the client sent token ids
+    input_ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class OutputOptions:
+    """Per-call options that apply to every prompt of the call."""
+
+    stream: bool = False
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+
+
+def _is_id(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def native_prompts(
+    tokenize: Tokenize, text: Any, input_ids: Any, text_field: str = "text"
+) -> tuple[list[Prompt], bool]:
+    """Exactly one of text / input_ids, single or batched → (prompts, is_single)."""
+    if (text is None) == (input_ids is None):
+        raise InvalidRequest(f"{text_field}: pass exactly one of '{text_field}' or 'input_ids'")
+    if text is not None:
+        texts = [text] if isinstance(text, str) else text
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise InvalidRequest(f"{text_field}: expected a string or a list of strings")
+        return [Prompt(t, tokenize(t)) for t in texts], isinstance(text, str)
+    single = isinstance(input_ids, list) and bool(input_ids) and _is_id(input_ids[0])
+    lists = [input_ids] if single else input_ids
+    if not isinstance(lists, list) or not all(isinstance(x, list) for x in lists):
+        raise InvalidRequest("input_ids: expected a list of ints or a list of lists")
+    if not all(_is_id(t) for x in lists for t in x):
+        raise InvalidRequest("input_ids: token ids must be integers")
+    return [Prompt(None, list(x)) for x in lists], single
+
+
+def per_prompt_params(sampling_params: Any, num_prompts: int) -> list[dict[str, Any]]:
+    """One sampling-parameter object for all prompts, or a list with one per prompt."""
+    if sampling_params is None:
+        return [{} for _ in range(num_prompts)]
     if isinstance(sampling_params, list):
-        if len(sampling_params) != len(ids):
-            raise ValueError(
-                f"sampling_params: {len(sampling_params)} entries for {len(ids)} prompts"
+        if len(sampling_params) != num_prompts:
+            raise InvalidRequest(
+                f"sampling_params: {len(sampling_params)} entries for {num_prompts} prompts"
             )
-        params = list(sampling_params)
+        items = sampling_params
     else:
-        params = [dict(sampling_params or {}) for _ in ids]
-    return PromptBatch(texts, ids, params, single)
+        items = [sampling_params] * num_prompts
+    if not all(isinstance(p, dict) for p in items):
+        raise InvalidRequest("sampling_params: expected an object or a list of objects")
+    return [dict(p) for p in items]
 
 
-def stop_criteria(params: SamplingParams, eos_ids: frozenset[int], tokenizer: Any) -> StopCriteria:
-    stop_strs = tuple(params.stop_strs)
-    max_tokens = max(
-        (len(tokenizer.encode(s, add_special_tokens=False)) for s in stop_strs), default=0
-    )
-    ids = eos_ids | frozenset(params.stop_token_ids or ())
-    return StopCriteria(ids, stop_strs, max_tokens)
+def parse_params(raw: dict[str, Any], vocab_size: int) -> SamplingParams:
+    """SamplingParams from a request's object: types, ranges, then the canonical form."""
+    try:
+        params = SamplingParams.from_dict(raw)
+        params.verify(vocab_size)  # before normalize, which rewrites temperature 0 → top_k 1
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+    params.normalize()
+    return params
 
 
-def build_reqs(  # noqa: PLR0913 - mirrors generate()'s public keyword arguments
-    batch: PromptBatch,
-    tokenizer: Any,
-    eos_ids: frozenset[int],
-    vocab_size: int,
-    return_logprob: bool,
-    top_logprobs_num: int,
-) -> list[list[Req]]:
-    """One list of Reqs per prompt (n > 1 gives n Reqs with seeds seed, seed+1, …)."""
-    if top_logprobs_num < 0:
-        raise ValueError(f"top_logprobs_num: must be ≥ 0, got {top_logprobs_num}")
-    groups: list[list[Req]] = []
-    for text, ids, raw in zip(batch.texts, batch.input_ids, batch.params, strict=True):
-        base = SamplingParams.from_dict(raw)
-        base.verify(vocab_size)  # before normalize, which rewrites temperature 0 → top_k 1
-        base.normalize()
-        reqs = []
-        for j in range(base.n):
-            seed = None if base.sampling_seed is None else base.sampling_seed + j
-            params = replace(base, sampling_seed=seed)
-            reqs.append(
-                Req(
-                    rid=uuid.uuid4().hex,
-                    origin_input_ids=list(ids),
-                    sampling_params=params,
-                    stop=stop_criteria(params, eos_ids, tokenizer),
-                    generator=make_generator(seed, "cpu"),
-                    origin_input_text=text,
-                    return_logprob=return_logprob or top_logprobs_num > 0,
-                    top_logprobs_num=top_logprobs_num,
+def check_prompt(ids: list[int], max_new_tokens: int, limits: ServerLimits) -> None:
+    """SGLang's checks: prompt and prompt + output vs context (the vocabulary: `build_inputs`)."""
+    n, ctx = len(ids), limits.context_len
+    if n == 0:
+        raise InvalidRequest("input_ids: the input is empty.")
+    if n >= ctx or n > limits.max_req_input_len:
+        raise InvalidRequest(
+            f"input_ids: The input ({n} tokens) is longer than the model's context length "
+            f"({ctx} tokens)."
+        )
+    if n + max_new_tokens >= ctx:
+        raise InvalidRequest(
+            f"max_new_tokens: Requested token count exceeds the model's maximum context length "
+            f"of {ctx} tokens. You requested a total of {n + max_new_tokens} tokens: {n} tokens "
+            f"from the input messages and {max_new_tokens} tokens for the completion. Please "
+            "reduce the number of tokens in the input messages or the completion to fit within "
+            "the limit."
+        )
+
+
+def build_inputs(
+    prompts: list[Prompt],
+    raw_params: list[dict[str, Any]],
+    limits: ServerLimits,
+    options: OutputOptions,
+    check_lengths: bool = True,
+) -> list[GenerateInput]:
+    """Validate every prompt (the whole call fails before anything is scheduled) and expand
+    n: sample i of a prompt uses seed + i when a seed is given (distinct, reproducible).
+
+    Without `check_lengths` (the in-process EngineCore) an empty or overlong prompt is left to
+    the scheduler, which finishes it with an abort reason and runs the rest of the batch.
+    """
+    if options.top_logprobs_num < 0:
+        raise InvalidRequest(f"top_logprobs_num: must be >= 0, got {options.top_logprobs_num}")
+    want_lp = options.return_logprob or options.top_logprobs_num > 0
+    out: list[GenerateInput] = []
+    for prompt, raw in zip(prompts, raw_params, strict=True):
+        params = parse_params(raw, limits.vocab_size)
+        if any(not 0 <= t < limits.vocab_size for t in prompt.input_ids):
+            raise InvalidRequest(f"input_ids: token ids must be in [0, {limits.vocab_size})")
+        if check_lengths:
+            check_prompt(prompt.input_ids, params.max_new_tokens, limits)
+        seed = params.sampling_seed
+        for i in range(params.n):
+            sample = replace(params, n=1, sampling_seed=None if seed is None else seed + i)
+            out.append(
+                GenerateInput(
+                    prompt.input_ids,
+                    sample,
+                    prompt.text,
+                    options.stream,
+                    want_lp,
+                    options.top_logprobs_num,
                 )
             )
-        groups.append(reqs)
-    return groups
-
-
-def output_text(req: Req, tokenizer: Any) -> str:
-    """Final text with SGLang's stop trimming (the matched stop token / string removed)."""
-    params = req.sampling_params
-    ids = req.output_ids
-    reason = req.finished_reason
-    if isinstance(reason, FinishMatchedToken) and not params.no_stop_trim and ids:
-        ids = ids[:-1]
-    text = tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
-    if isinstance(reason, FinishMatchedStr) and not params.no_stop_trim:
-        pos = text.find(reason.matched)
-        if pos >= 0:
-            text = text[:pos]
-    return text
-
-
-def build_output(req: Req, tokenizer: Any) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "id": req.rid,
-        "prompt_tokens": len(req.origin_input_ids),
-        "completion_tokens": len(req.output_ids),
-        "cached_tokens": req.cached_tokens,
-        "finish_reason": req.finished_reason.to_json() if req.finished_reason else None,
-        "total_retractions": req.retraction_count,
-    }
-    if req.return_logprob:
-        meta["output_token_logprobs"] = [
-            [lp, tid, None]
-            for lp, tid in zip(req.output_token_logprobs, req.output_ids, strict=False)
-        ]
-        if req.top_logprobs_num:
-            meta["output_top_logprobs"] = [
-                [[lp, tid, None] for lp, tid in row] for row in req.output_top_logprobs
-            ]
-    return {
-        "text": output_text(req, tokenizer),
-        "output_ids": list(req.output_ids),
-        "meta_info": meta,
-    }
+    return out

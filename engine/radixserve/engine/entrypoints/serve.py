@@ -1,8 +1,9 @@
 """`radixserve serve`: launch the child processes, then the HTTP server in this process.
 
 Start-up order: scheduler (loads the model, sizes the pools) and detokenizer → handshake →
-tokenizer in this process → HTTP. Shutdown (Ctrl-C, SIGTERM, or a child dying): HTTP stops
-accepting, then children are terminated in order; nothing is left behind.
+tokenizer in this process → HTTP. Shutdown (Ctrl-C, SIGTERM, a child dying, or the tokenizer
+manager's output loop dying): HTTP stops accepting, then children are terminated in order;
+nothing is left behind. A failure-driven shutdown exits 1.
 """
 
 from __future__ import annotations
@@ -13,22 +14,25 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 
 from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.entrypoints.generation import collect
 from radixserve.engine.entrypoints.http_server import create_app
 from radixserve.engine.entrypoints.launch import ChildProcesses, launch_subprocesses
+from radixserve.engine.entrypoints.request_builder import (
+    OutputOptions,
+    Prompt,
+    ServerLimits,
+    build_inputs,
+)
 from radixserve.engine.entrypoints.server_state import ServerState
 from radixserve.engine.managers.metrics import EngineMetrics
-from radixserve.engine.managers.tokenizer_manager import (
-    GenerateInput,
-    ServerLimits,
-    TokenizerManager,
-)
+from radixserve.engine.managers.tokenizer_manager import TokenizerManager
 from radixserve.engine.model_loader import load_model_files, resolve_model
 from radixserve.engine.model_loader.loader import load_tokenizer
 
@@ -53,17 +57,29 @@ def _model_info(
     }
 
 
-def build_state(args: ServerArgs, children: ChildProcesses) -> ServerState:
+def build_state(
+    args: ServerArgs,
+    children: ChildProcesses,
+    on_fatal: Callable[[BaseException], None] | None = None,
+) -> ServerState:
     source = resolve_model(args.model_path, args.revision)
     files = load_model_files(source, args.resolved_dtype)
     tokenizer = load_tokenizer(source)
     info = children.scheduler_info
     limits = ServerLimits(info["context_len"], info["max_req_input_len"], files.config.vocab_size)
     metrics = EngineMetrics(args.model_name)
-    tm = TokenizerManager(tokenizer, children.ports, limits, metrics)
-    return ServerState(
-        args, tokenizer, tm, children, metrics, _model_info(args, tokenizer, info, files)
-    )
+    tm = TokenizerManager(tokenizer, children.ports, metrics, on_fatal)
+    model_info = _model_info(args, tokenizer, info, files)
+    return ServerState(args, tokenizer, tm, children, metrics, model_info, limits)
+
+
+def _shut_down_on_failure(children: ChildProcesses, what: str) -> None:
+    """Say once why, and stop the server (uvicorn turns SIGTERM into a graceful shutdown);
+    `serve` then exits 1."""
+    children.crashed = True
+    logger.error("%s; shutting the server down", what)
+    print(f"radixserve: {what}; shutting down", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 async def _watch_children(children: ChildProcesses) -> None:
@@ -72,11 +88,8 @@ async def _watch_children(children: ChildProcesses) -> None:
         await asyncio.sleep(WATCH_INTERVAL_S)
         dead = children.dead()
         if dead:
-            children.crashed = True
             names = ", ".join(f"{p.name} (exit code {p.exitcode})" for p in dead)
-            logger.error("child process died: %s; shutting the server down", names)
-            print(f"radixserve: child process died: {names}; shutting down", file=sys.stderr)
-            os.kill(os.getpid(), signal.SIGTERM)
+            _shut_down_on_failure(children, f"child process died: {names}")
             return
 
 
@@ -100,9 +113,13 @@ def make_lifespan(state: ServerState) -> Any:
         await state.tokenizer_manager.start()
         watcher = asyncio.create_task(_watch_children(state.children))
         if not state.args.skip_server_warmup:
-            warm = GenerateInput([1, 2, 3], {"max_new_tokens": 1, "temperature": 0})
-            async for _ in state.tokenizer_manager.generate(warm):
-                pass
+            warm = build_inputs(
+                [Prompt(None, [1, 2, 3])],
+                [{"max_new_tokens": 1, "temperature": 0}],
+                state.limits,
+                OutputOptions(),
+            )
+            await collect(state.tokenizer_manager, warm)
         print(
             f"radixserve: serving {state.args.model_name} on "
             f"http://{state.args.host}:{state.args.port}",
@@ -122,7 +139,13 @@ def serve(args: ServerArgs) -> int:
     print(f"radixserve: loading {args.model_path} …", file=sys.stderr, flush=True)
     children = launch_subprocesses(args)
     try:
-        state = build_state(args, children)
+        state = build_state(
+            args,
+            children,
+            lambda exc: _shut_down_on_failure(
+                children, f"tokenizer manager output loop died ({type(exc).__name__}: {exc})"
+            ),
+        )
         app = create_app(state)
         app.router.lifespan_context = make_lifespan(state)
         # Bounded graceful shutdown: open streams are cut after a few seconds, not awaited.

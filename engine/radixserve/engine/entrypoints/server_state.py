@@ -7,6 +7,7 @@ from typing import Any
 
 from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.entrypoints.launch import ChildProcesses
+from radixserve.engine.entrypoints.request_builder import ServerLimits
 from radixserve.engine.managers.metrics import EngineMetrics
 from radixserve.engine.managers.tokenizer_manager import TokenizerManager
 
@@ -19,6 +20,7 @@ class ServerState:
     children: ChildProcesses
     metrics: EngineMetrics
     model_info: dict[str, Any]
+    limits: ServerLimits
 
     def server_info(self) -> dict[str, Any]:
         a = self.args

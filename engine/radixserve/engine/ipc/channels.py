@@ -1,7 +1,9 @@
 """Typed ZMQ channels: a PUSH/PULL pair bound to a msgspec codec for one message union.
 
-Sync sockets serve the scheduler and detokenizer loops; the async variant serves the
-tokenizer manager's asyncio loop. Addresses are `ipc://` files in a per-server temp dir.
+Sync sockets serve the scheduler and detokenizer loops; the async variants serve the
+tokenizer manager's asyncio loop. Addresses are `ipc://` files in a per-server temp dir
+(under $TMPDIR). A frame that does not decode as the channel's union raises
+msgspec.DecodeError in the receiver: these sockets carry only our own processes' messages.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import zmq.asyncio
 
 @dataclass(frozen=True, slots=True)
 class PortArgs:
-    """IPC endpoints of one server (one set per DP rank for the scheduler input)."""
+    """IPC endpoints of one server: one scheduler input, one detokenizer input and one
+    tokenizer-manager input (a single scheduler rank today)."""
 
     scheduler_input: str
     detokenizer_input: str
@@ -35,7 +38,7 @@ class PortArgs:
 
 
 class PushChannel:
-    def __init__(self, ctx: zmq.Context, address: str, bind: bool) -> None:
+    def __init__(self, ctx: zmq.Context[Any], address: str, bind: bool) -> None:
         self.sock = ctx.socket(zmq.PUSH)
         self.sock.setsockopt(zmq.LINGER, 0)
         (self.sock.bind if bind else self.sock.connect)(address)
@@ -49,7 +52,7 @@ class PushChannel:
 
 
 class PullChannel:
-    def __init__(self, ctx: zmq.Context, address: str, bind: bool, msg_type: Any) -> None:
+    def __init__(self, ctx: zmq.Context[Any], address: str, bind: bool, msg_type: Any) -> None:
         self.sock = ctx.socket(zmq.PULL)
         self.sock.setsockopt(zmq.LINGER, 0)
         (self.sock.bind if bind else self.sock.connect)(address)

@@ -11,51 +11,55 @@ from typing import Any
 
 import msgspec
 
+from radixserve.engine.ipc.finish_reason import FinishReason
+
 
 class _Msg(msgspec.Struct, frozen=True, tag=True, omit_defaults=True):
     pass
 
 
-class TokenizedGenerateReq(_Msg):
+class TokenizedGenerateReq(_Msg, frozen=True):
     rid: str
     input_ids: list[int]
-    sampling_params: dict[str, Any]  # validated SamplingParams fields
+    # The fields of a SamplingParams already validated and normalised at the HTTP / Engine edge
+    # (the scheduler rebuilds it without checking again).
+    sampling_params: dict[str, Any]
     input_text: str | None = None
     return_logprob: bool = False
     top_logprobs_num: int = 0
     stream: bool = False
-    data_parallel_rank: int | None = None
+    data_parallel_rank: int | None = None  # pinned DP rank (wired in by the DP controller)
 
 
-class AbortReq(_Msg):
+class AbortReq(_Msg, frozen=True):
     rid: str = ""
     abort_all: bool = False
 
 
-class FlushCacheReq(_Msg):
+class FlushCacheReq(_Msg, frozen=True):
     pass
 
 
-class GetLoadReq(_Msg):
+class GetLoadReq(_Msg, frozen=True):
     pass
 
 
-class GetStateReq(_Msg):
+class GetStateReq(_Msg, frozen=True):
     """Debug/test introspection: pool and cache sizes, cached page hashes."""
 
     include_pages: bool = False
 
 
-class ShutdownReq(_Msg):
+class ShutdownReq(_Msg, frozen=True):
     pass
 
 
-class FlushCacheOutput(_Msg):
+class FlushCacheOutput(_Msg, frozen=True):
     success: bool
     message: str = ""
 
 
-class LoadOutput(_Msg):
+class LoadOutput(_Msg, frozen=True):
     dp_rank: int
     num_running_reqs: int
     num_waiting_reqs: int
@@ -65,7 +69,7 @@ class LoadOutput(_Msg):
     token_usage: float
 
 
-class StateOutput(_Msg):
+class StateOutput(_Msg, frozen=True):
     max_total_num_tokens: int
     available_tokens: int
     evictable_tokens: int
@@ -75,12 +79,12 @@ class StateOutput(_Msg):
     page_hashes: list[int] = []
 
 
-class BatchTokenIDOutput(_Msg):
+class BatchTokenIDOutput(_Msg, frozen=True):
     """Scheduler → detokenizer: new token ids per request since the last send."""
 
     rids: list[str]
     new_output_ids: list[list[int]]
-    finished_reasons: list[dict[str, Any] | None]
+    finished_reasons: list[FinishReason | None]
     prompt_tokens: list[int]
     completion_tokens: list[int]
     cached_tokens: list[int]
@@ -93,13 +97,13 @@ class BatchTokenIDOutput(_Msg):
     output_top_logprobs: list[list[list[tuple[float, int]]]] = []
 
 
-class BatchStrOutput(_Msg):
+class BatchStrOutput(_Msg, frozen=True):
     """Detokenizer → tokenizer manager: text deltas (stop strings already trimmed)."""
 
     rids: list[str]
     text_deltas: list[str]
     new_output_ids: list[list[int]]
-    finished_reasons: list[dict[str, Any] | None]
+    finished_reasons: list[FinishReason | None]
     prompt_tokens: list[int]
     completion_tokens: list[int]
     cached_tokens: list[int]

@@ -33,7 +33,7 @@ class DetokenizerManager:
         self.states: OrderedDict[str, DecodeState] = OrderedDict()
 
     def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def _state(self, out: BatchTokenIDOutput, i: int) -> DecodeState:
         rid = out.rids[i]
@@ -72,6 +72,7 @@ class DetokenizerManager:
 
 
 def run_detokenizer_process(model_path: str, ports: PortArgs, revision: str | None = None) -> None:
+    # Imported here, in the child: the loader pulls in transformers.
     from radixserve.engine.model_loader import resolve_model
     from radixserve.engine.model_loader.loader import load_tokenizer
 
@@ -83,4 +84,5 @@ def run_detokenizer_process(model_path: str, ports: PortArgs, revision: str | No
         msg = recv.recv()
         if isinstance(msg, ShutdownReq):
             return
-        send.send(manager.handle(msg))
+        if isinstance(msg, BatchTokenIDOutput):
+            send.send(manager.handle(msg))

@@ -5,12 +5,18 @@ Per request we decode a small window: ids[surr:read] (already committed context)
 ids[surr:] (context + new ids); the difference is new text, committed only when it does not
 end in U+FFFD (an incomplete byte sequence). Text that could be the beginning of a stop
 string is held back until it either completes the stop (and is trimmed) or diverges.
+
+This is the one place that trims stop tokens and stop strings from output text: the
+detokenizer process streams through it, and the in-process EngineCore decodes a finished
+request in one step (`decode_finished`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from radixserve.engine.ipc.finish_reason import FinishMatchedStr, FinishMatchedToken, FinishReason
 
 Decode = Callable[[list[int], bool], str]  # (ids, skip_special_tokens) -> text
 
@@ -51,10 +57,14 @@ class IncrementalDetokenizer:
             st.text += full[len(prev) :]
             st.surr, st.read = st.read, len(st.ids)
 
-    def step(self, st: DecodeState, new_ids: list[int], finish: dict | None) -> str:
-        """Add new ids; return the text delta to send. `finish` is the finish reason JSON."""
-        matched = (finish or {}).get("matched")
-        if isinstance(matched, int) and not st.no_stop_trim and new_ids and new_ids[-1] == matched:
+    def step(self, st: DecodeState, new_ids: list[int], finish: FinishReason | None) -> str:
+        """Add new ids; return the text delta to send (the finish reason decides the trim)."""
+        if (
+            isinstance(finish, FinishMatchedToken)
+            and not st.no_stop_trim
+            and new_ids
+            and new_ids[-1] == finish.matched
+        ):
             new_ids = new_ids[:-1]  # the stop token is not part of the text
         st.ids.extend(new_ids)
         self._commit(st)
@@ -71,8 +81,8 @@ class IncrementalDetokenizer:
                 st.text += full[len(prev) :]
                 st.read = len(st.ids)
             end = len(st.text)
-            if isinstance(matched, str) and not st.no_stop_trim:
-                pos = st.text.find(matched)
+            if isinstance(finish, FinishMatchedStr) and not st.no_stop_trim:
+                pos = st.text.find(finish.matched)
                 end = pos if pos >= 0 else end
         end = max(end, st.sent)
         delta, st.sent = st.text[st.sent : end], end
@@ -86,3 +96,15 @@ class IncrementalDetokenizer:
         state.surr = 0
         state.read = len(ctx)
         return state
+
+
+def decode_finished(
+    decode: Decode,
+    prompt_ids: list[int],
+    output_ids: list[int],
+    finish: FinishReason | None,
+    state: DecodeState,
+) -> str:
+    """The whole output text of a finished request, trimmed exactly as a stream would be."""
+    IncrementalDetokenizer.start(prompt_ids, state)
+    return IncrementalDetokenizer(decode).step(state, output_ids, finish)

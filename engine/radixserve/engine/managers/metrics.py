@@ -9,14 +9,28 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from radixserve.engine.ipc.messages import LoadOutput
 
 P = "radixserve:"
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 THROUGHPUT_WINDOW_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedCounts:
+    """What the metrics take from a finished request."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    total_retractions: int
+    is_abort: bool
+    e2e_latency: float
 
 
 class EngineMetrics:
@@ -66,20 +80,20 @@ class EngineMetrics:
         """A client went away before its request finished; the request was aborted."""
         self.num_aborted.labels(**self.labels).inc()
 
-    def observe_finished(self, meta: dict[str, Any]) -> None:
+    def observe_finished(self, done: FinishedCounts) -> None:
         lab = self.labels
-        self.prompt_tokens.labels(**lab).inc(meta["prompt_tokens"])
-        self.generation_tokens.labels(**lab).inc(meta["completion_tokens"])
-        self.cached_tokens.labels(**lab).inc(meta["cached_tokens"])
+        self.prompt_tokens.labels(**lab).inc(done.prompt_tokens)
+        self.generation_tokens.labels(**lab).inc(done.completion_tokens)
+        self.cached_tokens.labels(**lab).inc(done.cached_tokens)
         self.num_requests.labels(**lab).inc()
-        self.num_retractions.labels(**lab).inc(meta.get("total_retractions", 0))
-        if (meta.get("finish_reason") or {}).get("type") == "abort":
+        self.num_retractions.labels(**lab).inc(done.total_retractions)
+        if done.is_abort:
             self.num_aborted.labels(**lab).inc()
-        self.e2e.labels(**lab).observe(meta.get("e2e_latency", 0.0))
-        self._prompt_total += meta["prompt_tokens"]
-        self._cached_total += meta["cached_tokens"]
+        self.e2e.labels(**lab).observe(done.e2e_latency)
+        self._prompt_total += done.prompt_tokens
+        self._cached_total += done.cached_tokens
 
-    def render(self, load: Any) -> bytes:
+    def render(self, load: LoadOutput) -> bytes:
         """Refresh gauges from the scheduler's LoadOutput and render the exposition text."""
         lab = self.labels
         self.num_running_reqs.labels(**lab).set(load.num_running_reqs)

@@ -2,22 +2,21 @@
 streams token-id outputs to the detokenizer (and control replies to the tokenizer manager).
 
 Loop: drain inputs (block briefly only when idle) → dispatch by message type → one
-scheduling step → send outputs → publish KV events. Runs one per rank.
+scheduling step → publish KV events → send outputs. One scheduler process today (rank 0); the
+model, tokenizer and Scheduler come from `SchedulerCore`.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
 import zmq
 
 from radixserve.engine.configs.server_args import ServerArgs
-from radixserve.engine.entrypoints.request_builder import stop_criteria
 from radixserve.engine.ipc.channels import PortArgs, PullChannel, PushChannel
 from radixserve.engine.ipc.messages import (
     AbortReq,
@@ -32,8 +31,7 @@ from radixserve.engine.ipc.messages import (
 )
 from radixserve.engine.managers.kv_event_publisher import ZmqKVEventPublisher
 from radixserve.engine.managers.req import Req
-from radixserve.engine.managers.scheduler import Scheduler
-from radixserve.engine.sampling import SamplingParams, make_generator
+from radixserve.engine.managers.scheduler_core import SchedulerCore
 
 logger = logging.getLogger(__name__)
 
@@ -50,16 +48,13 @@ class SchedulerChannels:
 class SchedulerLoop:
     def __init__(
         self,
-        scheduler: Scheduler,
+        core: SchedulerCore,
         channels: SchedulerChannels,
-        tokenizer: Any,
-        eos_ids: frozenset[int],
         publish_events: Callable[[], None] | None = None,
     ) -> None:
-        self.scheduler = scheduler
+        self.core = core
+        self.scheduler = core.scheduler
         self.ch = channels
-        self.tokenizer = tokenizer
-        self.eos_ids = eos_ids
         self.publish_events = publish_events
         self.running = True
         self.handlers: dict[type, Callable[[Any], None]] = {
@@ -90,20 +85,7 @@ class SchedulerLoop:
     # ---- handlers -------------------------------------------------------------------------
 
     def handle_generate(self, msg: TokenizedGenerateReq) -> None:
-        params = SamplingParams.from_dict(msg.sampling_params)
-        params.normalize()
-        req = Req(
-            rid=msg.rid,
-            origin_input_ids=list(msg.input_ids),
-            sampling_params=params,
-            stop=stop_criteria(params, self.eos_ids, self.tokenizer),
-            generator=make_generator(params.sampling_seed, "cpu"),
-            origin_input_text=msg.input_text,
-            return_logprob=msg.return_logprob,
-            top_logprobs_num=msg.top_logprobs_num,
-            arrival_time=time.monotonic(),
-            stream=msg.stream,
-        )
+        req = self.core.make_req(msg)
         self.scheduler.add_request(req)
         if req.finished():
             self.pending.append(req)
@@ -136,9 +118,7 @@ class SchedulerLoop:
             new = r.output_ids[r.send_offset :]
             fields["rids"].append(r.rid)
             fields["new_output_ids"].append(new)
-            fields["finished_reasons"].append(
-                r.finished_reason.to_json() if r.finished_reason else None
-            )
+            fields["finished_reasons"].append(r.finished_reason)
             fields["prompt_tokens"].append(len(r.origin_input_ids))
             fields["completion_tokens"].append(len(r.output_ids))
             fields["cached_tokens"].append(r.cached_tokens)
@@ -174,8 +154,6 @@ def run_scheduler_process(
     args: ServerArgs, ports: PortArgs, ready: Connection, dp_rank: int = 0
 ) -> None:
     """Process entry point: build model + scheduler, report readiness, serve forever."""
-    from radixserve.engine.entrypoints.engine_core import EngineCore  # builds the model
-
     if args.kv_events_port is not None and not args.enable_kv_events:
         args = replace(args, enable_kv_events=True)
     ctx = zmq.Context()
@@ -183,7 +161,7 @@ def run_scheduler_process(
     try:
         if args.kv_events_port is not None:  # bind first: a taken port fails fast
             publisher = ZmqKVEventPublisher(args.host, args.kv_events_port, dp_rank, ctx=ctx)
-        core = EngineCore(**asdict(args))
+        core = SchedulerCore(args)
     except Exception as exc:  # report start-up failure to the parent instead of hanging it
         logger.exception("scheduler start-up failed")
         if publisher is not None:
@@ -196,19 +174,10 @@ def run_scheduler_process(
         to_tokenizer=PushChannel(ctx, ports.tokenizer_input, bind=False),
     )
     sched = core.scheduler
-    ready.send(
-        {
-            "status": "ready",
-            "dp_rank": dp_rank,
-            "max_total_num_tokens": sched.max_total_tokens,
-            "max_req_input_len": sched.max_req_input_len,
-            "max_running_requests": sched.max_running_requests,
-            "context_len": core.model_config.context_len,
-        }
-    )
+    ready.send({"status": "ready", "dp_rank": dp_rank, **core.context_info()})
     flush = publisher.make_flush(lambda: sched.tree_cache) if publisher is not None else None
     try:
-        SchedulerLoop(sched, channels, core.tokenizer, core.eos_token_ids, flush).run()
+        SchedulerLoop(core, channels, flush).run()
     finally:
         if publisher is not None:
             publisher.close()

@@ -1,9 +1,14 @@
-"""TokenizerManager (main process, asyncio): validates and tokenizes requests, sends them to
-the scheduler, and turns the detokenizer's deltas back into per-request output streams.
+"""TokenizerManager (main process, asyncio): sends validated requests to the scheduler and turns
+the detokenizer's deltas back into per-request streams of `GenerateChunk`s.
 
-Each request gets a ReqState with an asyncio.Queue of output chunks; a single background
-task (`handle_loop`) receives every output and routes it. A consumer that stops listening
-(client disconnect) aborts its request so its KV is freed.
+It trusts its input (the edge — HTTP routes or the offline Engine — validated it into a
+`GenerateInput`) and knows nothing of HTTP. Each request gets a ReqState with an asyncio.Queue;
+one background task (`handle_loop`) receives every output and routes it. Per chunk the work is
+proportional to the chunk: chunks carry deltas, and no cumulative list is kept here.
+
+Failure modes: a consumer that stops listening (client gone) aborts its request, so the
+scheduler frees its KV. If `handle_loop` dies, every waiting request fails at once with
+`OutputLoopDied` and `on_fatal` is called (the server exits 1, as when a child process dies).
 """
 
 from __future__ import annotations
@@ -13,13 +18,15 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import zmq.asyncio
 
 from radixserve.engine.ipc.channels import AsyncPullChannel, AsyncPushChannel, PortArgs
+from radixserve.engine.ipc.finish_reason import FinishAbort, FinishReason
 from radixserve.engine.ipc.messages import (
     AbortReq,
     BatchStrOutput,
@@ -32,68 +39,89 @@ from radixserve.engine.ipc.messages import (
     TokenizedGenerateReq,
     TokenizerInput,
 )
-from radixserve.engine.managers.metrics import EngineMetrics
+from radixserve.engine.managers.metrics import EngineMetrics, FinishedCounts
 from radixserve.engine.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
 
+CONTROL_TIMEOUT_S = 30.0
 
-class RequestError(ValueError):
-    """Bad input: becomes HTTP 400 (or the given status) with this message."""
 
-    def __init__(self, message: str, status_code: int = 400) -> None:
-        super().__init__(message)
-        self.status_code = status_code
+class OutputLoopDied(RuntimeError):
+    """The output loop crashed: no output can reach this request any more."""
 
 
 @dataclass(slots=True)
 class GenerateInput:
-    """One prompt (already expanded: n > 1 becomes n GenerateInputs)."""
+    """One validated prompt (n > 1 already expanded into n inputs; params normalised)."""
 
     input_ids: list[int]
-    sampling_params: dict[str, Any]
+    sampling_params: SamplingParams
     text: str | None = None
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
 
+    def tokenized(self) -> TokenizedGenerateReq:
+        """The scheduler's message for this input."""
+        return TokenizedGenerateReq(
+            rid=self.rid,
+            input_ids=self.input_ids,
+            sampling_params=msgspec.to_builtins(self.sampling_params),
+            input_text=self.text,
+            return_logprob=self.return_logprob,
+            top_logprobs_num=self.top_logprobs_num,
+            stream=self.stream,
+        )
+
+
+class GenerateChunk(msgspec.Struct, frozen=True):
+    """What one output batch brought to one request: deltas plus its running counts."""
+
+    rid: str
+    text_delta: str
+    output_ids: list[int]  # the new ids only
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    completion_tokens: int  # all generated so far
+    cached_tokens: int
+    total_retractions: int
+    token_logprobs: list[float] = []  # aligned with output_ids
+    top_logprobs: list[list[tuple[float, int]]] = []
+    e2e_latency: float | None = None  # set on the final chunk
+
 
 @dataclass(slots=True)
 class ReqState:
-    queue: asyncio.Queue[dict[str, Any]]
+    queue: asyncio.Queue[GenerateChunk | OutputLoopDied]
     created: float
-    text: str = ""
-    output_ids: list[int] = field(default_factory=list)
-    token_logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[Any] = field(default_factory=list)
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class ServerLimits:
-    context_len: int
-    max_req_input_len: int
-    vocab_size: int
-
-
 class TokenizerManager:
     def __init__(
-        self, tokenizer: Any, ports: PortArgs, limits: ServerLimits, metrics: EngineMetrics
+        self,
+        tokenizer: Any,
+        ports: PortArgs,
+        metrics: EngineMetrics,
+        on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.ports = ports
-        self.limits = limits
         self.metrics = metrics
+        self.on_fatal = on_fatal
         self.rid_to_state: dict[str, ReqState] = {}
         self.waiters: dict[type, deque[asyncio.Future[Any]]] = {
             FlushCacheOutput: deque(),
             LoadOutput: deque(),
             StateOutput: deque(),
         }
+        self.dead: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
+        self._aborts: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self.ctx = ctx = zmq.asyncio.Context()
@@ -101,95 +129,73 @@ class TokenizerManager:
         self.recv = AsyncPullChannel(
             ctx, self.ports.tokenizer_input, bind=True, msg_type=TokenizerInput
         )
-        self._task = asyncio.create_task(self.handle_loop())
+        self._task = asyncio.create_task(self.handle_loop(), name="tokenizer-manager-output")
+        self._task.add_done_callback(self._on_loop_done)
 
     async def stop(self) -> None:
         """Cancel the output loop and close the sockets now: a context left to the garbage
         collector blocks in zmq_ctx_term while its sockets are open."""
         if self._task is not None:
-            self._task.cancel()
-            self._task = None
+            task, self._task = self._task, None
+            task.cancel()
             self.ctx.destroy(linger=0)
-
-    # ---- validation -------------------------------------------------------------------------
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))
 
-    def validate(self, inp: GenerateInput) -> None:
-        """SGLang's checks: sampling ranges, prompt and prompt + max_new_tokens vs context."""
-        try:
-            params = SamplingParams.from_dict(inp.sampling_params)
-            params.verify(self.limits.vocab_size)
-            params.normalize()
-        except ValueError as exc:
-            raise RequestError(str(exc)) from None
-        n, ctx = len(inp.input_ids), self.limits.context_len
-        if n == 0:
-            raise RequestError("The input is empty.")
-        if any(not 0 <= t < self.limits.vocab_size for t in inp.input_ids):
-            raise RequestError(f"input_ids: token ids must be in [0, {self.limits.vocab_size})")
-        if n >= ctx or n > self.limits.max_req_input_len:
-            raise RequestError(
-                f"The input ({n} tokens) is longer than the model's context length ({ctx} tokens)."
-            )
-        if n + params.max_new_tokens >= ctx:
-            raise RequestError(
-                f"Requested token count exceeds the model's maximum context length of {ctx} "
-                f"tokens. You requested a total of {n + params.max_new_tokens} tokens: {n} "
-                f"tokens from the input messages and {params.max_new_tokens} tokens for the "
-                "completion. Please reduce the number of tokens in the input messages or the "
-                "completion to fit within the limit."
-            )
-
     # ---- request flow -----------------------------------------------------------------------
 
-    async def generate(self, inp: GenerateInput) -> AsyncIterator[dict[str, Any]]:
-        """Yield output chunks (cumulative text, meta_info) until the request finishes.
-        Leaving the iterator early (client gone) aborts the request."""
-        self.validate(inp)
+    async def generate(self, inp: GenerateInput) -> AsyncIterator[GenerateChunk]:
+        """Yield the request's chunks until it finishes. Leaving the iterator early (client
+        gone, task cancelled) aborts the request in the scheduler."""
+        if self.dead is not None:
+            raise OutputLoopDied("the output loop is dead") from self.dead
         state = ReqState(asyncio.Queue(), time.monotonic())
         self.rid_to_state[inp.rid] = state
-        await self.to_scheduler.send(
-            TokenizedGenerateReq(
-                rid=inp.rid,
-                input_ids=inp.input_ids,
-                sampling_params=inp.sampling_params,
-                input_text=inp.text,
-                return_logprob=inp.return_logprob,
-                top_logprobs_num=inp.top_logprobs_num,
-                stream=inp.stream,
-            )
-        )
         try:
+            await self.to_scheduler.send(inp.tokenized())
             while True:
-                chunk = await state.queue.get()
-                yield chunk
+                item = await state.queue.get()
+                if isinstance(item, OutputLoopDied):
+                    raise item
+                yield item
                 if state.finished:
                     return
         finally:
-            if not state.finished:
-                self.metrics.observe_client_abort()
-                await self.abort(inp.rid)
             self.rid_to_state.pop(inp.rid, None)
+            if not state.finished and self.dead is None:
+                self.metrics.observe_client_abort()
+                self._abort_soon(inp.rid)
+
+    def _abort_soon(self, rid: str) -> None:
+        """Send the abort from a task of its own: the caller may be inside a cancelled scope
+        (anyio cancels every await there), where an awaited send would never happen."""
+        task = asyncio.get_running_loop().create_task(self.abort(rid))
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
 
     async def abort(self, rid: str) -> None:
         await self.to_scheduler.send(AbortReq(rid=rid))
 
-    async def _control(self, msg: Any, reply: type) -> Any:
+    async def _control(self, msg: msgspec.Struct, reply: type) -> Any:
+        if self.dead is not None:
+            raise OutputLoopDied("the output loop is dead") from self.dead
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.waiters[reply].append(fut)
         await self.to_scheduler.send(msg)
-        return await asyncio.wait_for(fut, timeout=30)
+        return await asyncio.wait_for(fut, timeout=CONTROL_TIMEOUT_S)
 
     async def flush_cache(self) -> FlushCacheOutput:
-        return await self._control(FlushCacheReq(), FlushCacheOutput)
+        out: FlushCacheOutput = await self._control(FlushCacheReq(), FlushCacheOutput)
+        return out
 
     async def get_load(self) -> LoadOutput:
-        return await self._control(GetLoadReq(), LoadOutput)
+        out: LoadOutput = await self._control(GetLoadReq(), LoadOutput)
+        return out
 
     async def get_state(self, include_pages: bool = False) -> StateOutput:
-        return await self._control(GetStateReq(include_pages), StateOutput)
+        out: StateOutput = await self._control(GetStateReq(include_pages), StateOutput)
+        return out
 
     # ---- outputs ----------------------------------------------------------------------------
 
@@ -205,6 +211,24 @@ class TokenizerManager:
                     if not fut.done():
                         fut.set_result(msg)
 
+    def _on_loop_done(self, task: asyncio.Task[None]) -> None:
+        """A loop that ends other than by `stop()` is fatal: fail every waiter, then say so."""
+        if task.cancelled():
+            return
+        exc = task.exception() or RuntimeError("the output loop returned")
+        self.dead = exc
+        logger.critical("tokenizer manager output loop died", exc_info=exc)
+        died = OutputLoopDied(f"the output loop died: {type(exc).__name__}: {exc}")
+        for state in self.rid_to_state.values():
+            state.queue.put_nowait(died)
+        for waiters in self.waiters.values():
+            while waiters:
+                fut = waiters.popleft()
+                if not fut.done():
+                    fut.set_exception(died)
+        if self.on_fatal is not None:
+            self.on_fatal(exc)
+
     def _handle_batch(self, out: BatchStrOutput) -> None:
         now = time.monotonic()
         for i, rid in enumerate(out.rids):
@@ -212,41 +236,42 @@ class TokenizerManager:
             if state is None:
                 continue  # aborted and forgotten
             new_ids = out.new_output_ids[i]
-            self.metrics.observe_tokens(len(new_ids))
-            if new_ids:
-                if state.first_token_time is None:
-                    state.first_token_time = now
-                    self.metrics.observe_ttft(now - state.created)
-                elif state.last_token_time is not None:
-                    self.metrics.observe_itl((now - state.last_token_time) / len(new_ids))
-                state.last_token_time = now
-            state.text += out.text_deltas[i]
-            state.output_ids += new_ids
-            if out.output_token_logprobs:
-                state.token_logprobs += out.output_token_logprobs[i]
-            if out.output_top_logprobs:
-                state.top_logprobs += out.output_top_logprobs[i]
+            self._observe_tokens(state, len(new_ids), now)
             finish = out.finished_reasons[i]
-            meta = {
-                "id": rid,
-                "finish_reason": finish,
-                "prompt_tokens": out.prompt_tokens[i],
-                "completion_tokens": out.completion_tokens[i],
-                "cached_tokens": out.cached_tokens[i],
-                "total_retractions": out.retractions[i],
-            }
+            chunk = GenerateChunk(
+                rid=rid,
+                text_delta=out.text_deltas[i],
+                output_ids=new_ids,
+                finish_reason=finish,
+                prompt_tokens=out.prompt_tokens[i],
+                completion_tokens=out.completion_tokens[i],
+                cached_tokens=out.cached_tokens[i],
+                total_retractions=out.retractions[i],
+                token_logprobs=out.output_token_logprobs[i] if out.output_token_logprobs else [],
+                top_logprobs=out.output_top_logprobs[i] if out.output_top_logprobs else [],
+                e2e_latency=None if finish is None else now - state.created,
+            )
             if finish is not None:
                 state.finished = True
-                meta["e2e_latency"] = now - state.created
-                self.metrics.observe_finished(meta)
-            state.queue.put_nowait(
-                {
-                    "text": state.text,
-                    "delta": out.text_deltas[i],
-                    "output_ids": list(state.output_ids),
-                    "new_output_ids": new_ids,
-                    "meta_info": meta,
-                    "token_logprobs": list(state.token_logprobs),
-                    "top_logprobs": list(state.top_logprobs),
-                }
-            )
+                self.metrics.observe_finished(
+                    FinishedCounts(
+                        chunk.prompt_tokens,
+                        chunk.completion_tokens,
+                        chunk.cached_tokens,
+                        chunk.total_retractions,
+                        isinstance(finish, FinishAbort),
+                        now - state.created,
+                    )
+                )
+            state.queue.put_nowait(chunk)
+
+    def _observe_tokens(self, state: ReqState, num_new: int, now: float) -> None:
+        self.metrics.observe_tokens(num_new)
+        if not num_new:
+            return
+        if state.first_token_time is None:
+            state.first_token_time = now
+            self.metrics.observe_ttft(now - state.created)
+        elif state.last_token_time is not None:
+            self.metrics.observe_itl((now - state.last_token_time) / num_new)
+        state.last_token_time = now

@@ -1,0 +1,105 @@
+"""SchedulerCore: the scheduler process's composition root — model files, tokenizer,
+ModelRunner and Scheduler built once, and `make_req` turning a TokenizedGenerateReq into a Req.
+
+Runs in the scheduler process (`scheduler_process.py`) and, in-process, inside the offline
+`EngineCore` (entrypoints), which reuses it. It trusts its input: requests were validated at the
+edge. Per-request sampling generators live on the runner's device.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.ipc.messages import TokenizedGenerateReq
+from radixserve.engine.managers.req import Req, StopCriteria
+from radixserve.engine.managers.scheduler import Scheduler
+from radixserve.engine.model_executor.model_runner import ModelRunner
+from radixserve.engine.model_loader import load_model_files, resolve_model
+from radixserve.engine.model_loader.loader import LoadedModelFiles, load_tokenizer
+from radixserve.engine.model_loader.source import ModelSource
+from radixserve.engine.sampling import SamplingParams, make_generator
+
+
+def stop_criteria(params: SamplingParams, eos_ids: frozenset[int], tokenizer: Any) -> StopCriteria:
+    """EOS + `stop_token_ids`, and the stop strings with their longest length in tokens."""
+    stop_strs = tuple(params.stop_strs)
+    max_tokens = max(
+        (len(tokenizer.encode(s, add_special_tokens=False)) for s in stop_strs), default=0
+    )
+    ids = eos_ids | frozenset(params.stop_token_ids or ())
+    return StopCriteria(ids, stop_strs, max_tokens)
+
+
+class SchedulerCore:
+    """Model + tokenizer + Scheduler of one rank, in the calling process."""
+
+    runner: ModelRunner
+    scheduler: Scheduler
+
+    def __init__(self, args: ServerArgs, reuse: SchedulerCore | None = None) -> None:
+        self.server_args = args
+        torch.manual_seed(args.random_seed)
+        self.source: ModelSource
+        self.files: LoadedModelFiles
+        self.tokenizer: Any
+        model: torch.nn.Module | None = None
+        if reuse is not None:  # same weights and tokenizer, fresh pools and scheduler
+            self.source, self.files, self.tokenizer = reuse.source, reuse.files, reuse.tokenizer
+            model = reuse.runner.model
+        else:
+            self.source = resolve_model(args.model_path, args.revision)
+            self.files = load_model_files(self.source, args.resolved_dtype)
+            self.tokenizer = load_tokenizer(self.source)
+        self.model_config = self.files.config
+        self.runner = ModelRunner(args, self.files, model)
+        eos = set(self.files.config.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(int(self.tokenizer.eos_token_id))
+        self.eos_token_ids = frozenset(eos)
+        self.scheduler = Scheduler(args, self.runner, self.decode_tail)
+
+    def with_args(self, **overrides: Any) -> SchedulerCore:
+        """A new core sharing this one's loaded weights, with other scheduling / memory args."""
+        if "model_path" in overrides or "dtype" in overrides:
+            raise ValueError("with_args: model_path and dtype need a new engine")
+        args = ServerArgs.from_kwargs(**{**asdict(self.server_args), **overrides})
+        return SchedulerCore(args, reuse=self)
+
+    def decode_tail(self, ids: list[int]) -> str:
+        """Text of the last output ids, for stop-string checks (special tokens kept)."""
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+
+    def make_req(self, msg: TokenizedGenerateReq) -> Req:
+        """The scheduler's Req for a validated request (its generator on the runner's device)."""
+        params = SamplingParams(**msg.sampling_params)
+        return Req(
+            rid=msg.rid,
+            origin_input_ids=list(msg.input_ids),
+            sampling_params=params,
+            stop=stop_criteria(params, self.eos_token_ids, self.tokenizer),
+            generator=make_generator(params.sampling_seed, self.runner.device),
+            origin_input_text=msg.input_text,
+            return_logprob=msg.return_logprob,
+            top_logprobs_num=msg.top_logprobs_num,
+            arrival_time=time.monotonic(),
+            stream=msg.stream,
+        )
+
+    def context_info(self) -> dict[str, Any]:
+        """The start-up handshake's limits (the tokenizer side validates against them)."""
+        sched = self.scheduler
+        return {
+            "max_total_num_tokens": sched.max_total_tokens,
+            "max_req_input_len": sched.max_req_input_len,
+            "max_running_requests": sched.max_running_requests,
+            "context_len": self.model_config.context_len,
+        }
+
+    def close(self) -> None:
+        """Stop the forward worker and drop the KV pools (weights may be shared)."""
+        self.scheduler.close()
