@@ -22,6 +22,7 @@ from radixserve.engine.model_executor.model_runner import ModelRunner
 from radixserve.engine.model_loader import load_model_files, resolve_model
 from radixserve.engine.model_loader.loader import LoadedModelFiles, load_tokenizer
 from radixserve.engine.model_loader.source import ModelSource
+from radixserve.engine.models.base import CausalLM
 from radixserve.engine.sampling import SamplingParams, make_generator
 
 
@@ -47,7 +48,7 @@ class SchedulerCore:
         self.source: ModelSource
         self.files: LoadedModelFiles
         self.tokenizer: Any
-        model: torch.nn.Module | None = None
+        model: CausalLM | None = None
         if reuse is not None:  # same weights and tokenizer, fresh pools and scheduler
             self.source, self.files, self.tokenizer = reuse.source, reuse.files, reuse.tokenizer
             model = reuse.runner.model
