@@ -31,8 +31,6 @@ ROUTER_START_TIMEOUT_S = 60
 STOP_GRACE_S = 20
 
 
-
-
 def _log_tail(path: str, n: int = 4000) -> str:
     with open(path, errors="replace") as f:
         return f.read()[-n:]

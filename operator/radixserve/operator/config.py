@@ -30,8 +30,8 @@ LABEL_OWNER = f"{GROUP}/inferenceservice"
 APP_NAME = "radixserve"
 MANAGED_BY = "radixserve-operator"
 
-# Ports: the engine's HTTP API and KV-event stream (PUB on 5557, replay on 5558; DP rank r
-# publishes on 5557 + 2r), the router, and the user-facing Service.
+# Ports: the engine's HTTP API and KV-event stream (PUB on 5557, replay on 5558; DP rank r would
+# publish on 5557 + 2r, the engine's `port_for_rank`), the router, and the user-facing Service.
 ENGINE_HTTP_PORT = 30000
 KV_EVENTS_PORT = 5557
 ROUTER_PORT = 8000
@@ -39,7 +39,6 @@ SERVICE_PORT = 80
 
 DEFAULT_ENGINE_IMAGE = "radixserve/engine:0.1.0"
 DEFAULT_ROUTER_IMAGE = "radixserve/router:0.1.0"
-DEFAULT_OPERATOR_IMAGE = "radixserve/operator:0.1.0"
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,7 @@ def slice_workers(slice_obj: Slice, cfg: RouterConfig) -> dict[str, DesiredWorke
         name = (slice_obj.get("metadata") or {}).get("name")
         logger.warning("EndpointSlice %s has no port named %r", name, cfg.k8s_http_port_name)
         return {}
+    # NOTE: DP rank 0 only; the operator's per-rank ports (kv-events-<r>) are not followed yet.
     kv = _named_port(ports, cfg.k8s_kv_events_port_name)
     replay = _named_port(ports, KV_REPLAY_PORT_NAME) or (kv + 1 if kv else None)
     out: dict[str, DesiredWorker] = {}

@@ -38,7 +38,9 @@ class Traffic:
 
 def synced(index: CacheIndex, key: TargetKey, replica: Replica) -> bool:
     s = index.stats()[key]
-    return s.last_seq == replica.last_seq and s.num_tokens == replica.cache.total_size()
+    return s.last_seq == replica.last_seq and s.num_tokens == (
+        replica.cache.evictable_size() + replica.cache.protected_size()
+    )
 
 
 def test_mirror_and_approx_targets_side_by_side() -> None:
@@ -76,7 +78,11 @@ def test_mirror_and_approx_targets_side_by_side() -> None:
         stats = index.stats()
         assert (stats[a].mode, stats[b].mode, stats[c].mode) == ("events", "approx", "events")
         assert stats[a].num_blocks == len(r1.cache.cached_page_hashes())
-        assert stats[c].num_blocks * 4 == stats[c].num_tokens == r4.cache.total_size()
+        assert (
+            stats[c].num_blocks * 4
+            == stats[c].num_tokens
+            == (r4.cache.evictable_size() + r4.cache.protected_size())
+        )
         assert stats[b].num_tokens == len(q) and stats[b].last_seq == -1
         assert stats[a].resets == 0 and stats[a].replays <= 1
 
