@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from radixserve.engine.mem_cache.allocator import (
-    BaseTokenAllocator,
     PagedTokenToKVPoolAllocator,
     TokenToKVPoolAllocator,
     create_allocator,
@@ -19,10 +18,6 @@ PAGES = [4, 16]
 
 def _ceil_div(n: int, d: int) -> int:
     return -(-n // d)
-
-
-def decode(a: BaseTokenAllocator, lens: list[int], locs: list[int]) -> torch.Tensor | None:
-    return a.alloc_extend([n - 1 for n in lens], lens, locs)  # one new position each
 
 
 # ---- page size 1 ---------------------------------------------------------------------------
@@ -92,7 +87,7 @@ def test_alloc_extend_takes_sum_of_extend_lengths() -> None:
 
 def test_decode_takes_one_slot_per_request() -> None:
     a = TokenToKVPoolAllocator(20, CPU)
-    out = decode(a, [5, 9, 1], [4, 8, -1])
+    out = a.alloc_extend([4, 8, 0], [5, 9, 1], [4, 8, -1])  # a decode: one position each
     assert out is not None and out.numel() == 3
     assert a.available_size() == 17
 
@@ -235,7 +230,7 @@ def test_paged_decode_at_page_boundary_takes_a_new_page(ps: int) -> None:
     pre = a.alloc_extend([0], [ps], [-1])  # exactly one full page
     assert pre is not None
     before = a.available_size()
-    out = decode(a, [ps + 1], [int(pre[-1])])  # new token at position ps
+    out = a.alloc_extend([ps], [ps + 1], [int(pre[-1])])  # new token at position ps
     assert out is not None and out.numel() == 1
     assert int(out[0]) % ps == 0
     assert int(out[0]) // ps != int(pre[-1]) // ps
@@ -248,7 +243,7 @@ def test_paged_decode_inside_a_page_takes_no_page(ps: int) -> None:
     pre = a.alloc_extend([0], [ps - 1], [-1])  # last slot of the page still free
     assert pre is not None
     before = a.available_size()
-    out = decode(a, [ps], [int(pre[-1])])  # position ps − 1
+    out = a.alloc_extend([ps - 1], [ps], [int(pre[-1])])  # position ps − 1
     assert out is not None and out.tolist() == [int(pre[-1]) + 1]
     assert a.available_size() == before
 
@@ -258,8 +253,8 @@ def test_paged_decode_inside_a_page_succeeds_with_no_free_pages(ps: int) -> None
     a = PagedTokenToKVPoolAllocator(ps * 2, ps, CPU)
     pre = a.alloc_extend([0], [ps + 1], [-1])
     assert pre is not None and a.available_size() == 0
-    assert decode(a, [ps + 2], [int(pre[-1])]) is not None
-    assert decode(a, [2 * ps + 1], [int(pre[-1]) + ps - 1]) is None
+    assert a.alloc_extend([ps + 1], [ps + 2], [int(pre[-1])]) is not None
+    assert a.alloc_extend([2 * ps], [2 * ps + 1], [int(pre[-1]) + ps - 1]) is None
 
 
 def test_paged_decode_batch_counts_only_boundary_requests() -> None:
@@ -269,7 +264,7 @@ def test_paged_decode_batch_counts_only_boundary_requests() -> None:
     r2 = a.alloc_extend([0], [5], [-1])  # next position 5: inside
     assert r1 is not None and r2 is not None
     before = a.available_size()
-    out = decode(a, [5, 6], [int(r1[-1]), int(r2[-1])])
+    out = a.alloc_extend([4, 5], [5, 6], [int(r1[-1]), int(r2[-1])])
     assert out is not None
     assert int(out[1]) == int(r2[-1]) + 1
     assert before - a.available_size() == ps
