@@ -7,12 +7,12 @@ import sys
 import time
 from typing import Any
 
-DEMO_QUESTIONS = [
+DEMO_QUESTIONS = (
     "What is the capital of France?",
     "Give me three tips for writing clean Python code.",
     "Explain what a radix tree is in one sentence.",
     "Write a haiku about autumn.",
-]
+)
 
 
 def add_demo_parser(sub: Any) -> None:

@@ -10,18 +10,22 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
+from types import MappingProxyType
 from typing import Any
 
 from radixserve.bench.datasets import generated_shared_prefix, gsp_from_args
 from radixserve.bench.report import print_table, write_json
 
-MODES: dict[str, dict[str, bool]] = {
-    "cache": {"disable_radix_cache": False, "disable_overlap_schedule": False},
-    "nocache": {"disable_radix_cache": True, "disable_overlap_schedule": False},
-    "cache-no-overlap": {"disable_radix_cache": False, "disable_overlap_schedule": True},
-}
-COLUMNS = [
+MODES: Mapping[str, dict[str, bool]] = MappingProxyType(
+    {
+        "cache": {"disable_radix_cache": False, "disable_overlap_schedule": False},
+        "nocache": {"disable_radix_cache": True, "disable_overlap_schedule": False},
+        "cache-no-overlap": {"disable_radix_cache": False, "disable_overlap_schedule": True},
+    }
+)
+COLUMNS = (
     "config",
     "requests",
     "input_tok",
@@ -31,7 +35,7 @@ COLUMNS = [
     "input_tok_per_s",
     "output_tok_per_s",
     "cache_hit_rate",
-]
+)
 
 
 def add_offline_parser(sub: Any) -> None:

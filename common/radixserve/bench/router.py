@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import httpx
@@ -34,9 +35,11 @@ from radixserve.bench.router_decision import measure_decision
 from radixserve.bench.serving import RequestResult, send_one, summarize
 
 SESSION_HEADER = "x-session-id"
-POLICY_FLAGS = {
-    "pinned": ["--policy", "round_robin", "--session-header", SESSION_HEADER],
-}
+POLICY_FLAGS = MappingProxyType(
+    {
+        "pinned": ["--policy", "round_robin", "--session-header", SESSION_HEADER],
+    }
+)
 
 
 def add_router_bench_parser(sub: Any) -> None:

@@ -16,6 +16,7 @@ import json
 import os
 import tempfile
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import kopf
@@ -28,17 +29,19 @@ LAST_APPLIED = f"{GROUP}/last-applied"
 MERGE_PATCH = "application/merge-patch+json"
 
 # (apiVersion, kind) → (URL prefix, plural): every kind the operator touches.
-RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
-    ("v1", "ServiceAccount"): ("/api/v1", "serviceaccounts"),
-    ("v1", "Service"): ("/api/v1", "services"),
-    ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
-    ("rbac.authorization.k8s.io/v1", "Role"): ("/apis/rbac.authorization.k8s.io/v1", "roles"),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"): (
-        "/apis/rbac.authorization.k8s.io/v1",
-        "rolebindings",
-    ),
-    (API_VERSION, KIND): (f"/apis/{GROUP}/{VERSION}", PLURAL),
-}
+RESOURCES: Mapping[tuple[str, str], tuple[str, str]] = MappingProxyType(
+    {
+        ("v1", "ServiceAccount"): ("/api/v1", "serviceaccounts"),
+        ("v1", "Service"): ("/api/v1", "services"),
+        ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
+        ("rbac.authorization.k8s.io/v1", "Role"): ("/apis/rbac.authorization.k8s.io/v1", "roles"),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding"): (
+            "/apis/rbac.authorization.k8s.io/v1",
+            "rolebindings",
+        ),
+        (API_VERSION, KIND): (f"/apis/{GROUP}/{VERSION}", PLURAL),
+    }
+)
 
 
 class ForeignObjectError(RuntimeError):

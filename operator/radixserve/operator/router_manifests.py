@@ -3,6 +3,7 @@ Deployment, and the Service `X` that users call. Pure functions of the parsed sp
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 from radixserve.operator.config import ROUTER_PORT, SERVICE_PORT
@@ -17,7 +18,7 @@ from radixserve.operator.meta import (
 )
 from radixserve.operator.schema import InferenceServiceSpec
 
-ROUTER_REQUESTS = {"cpu": "100m", "memory": "256Mi"}
+ROUTER_REQUESTS = MappingProxyType({"cpu": "100m", "memory": "256Mi"})
 
 
 def router_args(owner: Owner, spec: InferenceServiceSpec) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from radixserve.operator.schema import (
@@ -39,27 +40,29 @@ _QUANTITY = re.compile(
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 # Flags the operator derives from the spec: set twice, the engine would silently take the last.
-MANAGED_ENGINE_FLAGS = {
-    "--model-path": "spec.model.source",
-    "--served-model-name": "spec.model.name",
-    "--revision": "spec.model.source.huggingFace.revision",
-    "--host": "the operator (0.0.0.0)",
-    "--port": "the operator (30000)",
-    "--kv-events-port": "the operator (5557)",
-    "--enable-kv-events": "the operator",
-    "--device": "spec.engine.device",
-    "--tp-size": "spec.engine.parallelism.tp",
-    "--dp-size": "spec.engine.parallelism.dp",
-    "--ep-size": "spec.engine.parallelism.ep",
-    "--enable-dp-attention": "spec.engine.parallelism.dpAttention",
-    "--page-size": "spec.engine.kvCache.pageSize",
-    "--mem-fraction-static": "spec.engine.kvCache.memoryFraction",
-    "--max-total-tokens": "spec.engine.kvCache.maxTotalTokens",
-    "--schedule-policy": "spec.engine.scheduler.policy",
-    "--chunked-prefill-size": "spec.engine.scheduler.chunkedPrefillSize",
-    "--max-running-requests": "spec.engine.scheduler.maxRunningRequests",
-}
-_TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+MANAGED_ENGINE_FLAGS = MappingProxyType(
+    {
+        "--model-path": "spec.model.source",
+        "--served-model-name": "spec.model.name",
+        "--revision": "spec.model.source.huggingFace.revision",
+        "--host": "the operator (0.0.0.0)",
+        "--port": "the operator (30000)",
+        "--kv-events-port": "the operator (5557)",
+        "--enable-kv-events": "the operator",
+        "--device": "spec.engine.device",
+        "--tp-size": "spec.engine.parallelism.tp",
+        "--dp-size": "spec.engine.parallelism.dp",
+        "--ep-size": "spec.engine.parallelism.ep",
+        "--enable-dp-attention": "spec.engine.parallelism.dpAttention",
+        "--page-size": "spec.engine.kvCache.pageSize",
+        "--mem-fraction-static": "spec.engine.kvCache.memoryFraction",
+        "--max-total-tokens": "spec.engine.kvCache.maxTotalTokens",
+        "--schedule-policy": "spec.engine.scheduler.policy",
+        "--chunked-prefill-size": "spec.engine.scheduler.chunkedPrefillSize",
+        "--max-running-requests": "spec.engine.scheduler.maxRunningRequests",
+    }
+)
+_TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
 
 
 class _Reader:

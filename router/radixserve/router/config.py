@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 POLICIES = ("cache_aware", "cost", "round_robin", "random", "power_of_two", "least_load")
@@ -74,15 +75,19 @@ class RouterConfig:
             raise ValueError("worker_urls: pass either --worker-urls or --k8s-service, not both")
 
 
-_HELP = {
-    "worker_urls": "engine replicas, e.g. http://127.0.0.1:30000 (repeatable / space-separated)",
-    "policy": "routing policy",
-    "session_header": "request header that pins a session to one replica (sticky sessions)",
-    "admin_key": "bearer key that opens GET/POST/DELETE /workers",
-    "worker_api_key": "bearer key the router sends to the engines",
-    "k8s_service": "discover engines from the EndpointSlices of this Service",
-    "tokenizer_path": "local tokenizer.json (default: fetched from a replica)",
-}
+_HELP = MappingProxyType(
+    {
+        "worker_urls": (
+            "engine replicas, e.g. http://127.0.0.1:30000 (repeatable / space-separated)"
+        ),
+        "policy": "routing policy",
+        "session_header": "request header that pins a session to one replica (sticky sessions)",
+        "admin_key": "bearer key that opens GET/POST/DELETE /workers",
+        "worker_api_key": "bearer key the router sends to the engines",
+        "k8s_service": "discover engines from the EndpointSlices of this Service",
+        "tokenizer_path": "local tokenizer.json (default: fetched from a replica)",
+    }
+)
 
 
 def add_router_args(parser: argparse.ArgumentParser) -> None:

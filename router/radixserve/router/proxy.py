@@ -18,6 +18,7 @@ import json
 import logging
 import random
 from collections.abc import AsyncIterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import httpx
@@ -36,13 +37,15 @@ NO_WORKER_RETRY_AFTER_S = 5
 
 
 # The engine's error shape, so a client sees the same JSON from the router and a replica.
-_ERROR_TYPES = {
-    400: "BadRequestError",
-    401: "AuthenticationError",
-    404: "NotFoundError",
-    502: "BadGatewayError",
-    503: "ServiceUnavailableError",
-}
+_ERROR_TYPES = MappingProxyType(
+    {
+        400: "BadRequestError",
+        401: "AuthenticationError",
+        404: "NotFoundError",
+        502: "BadGatewayError",
+        503: "ServiceUnavailableError",
+    }
+)
 
 
 def error_body(message: str, status: int) -> dict[str, Any]:

@@ -7,11 +7,14 @@ frozen object. It does not load weights or tokenizers. Runs in every scheduler p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = MappingProxyType(
+    {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+)
 
 
 @dataclass(frozen=True, slots=True)
