@@ -50,10 +50,6 @@ class GetStateReq(_Msg, frozen=True):
     include_pages: bool = False
 
 
-class ShutdownReq(_Msg, frozen=True):
-    pass
-
-
 class FlushCacheOutput(_Msg, frozen=True):
     success: bool
     message: str = ""
@@ -112,9 +108,6 @@ class BatchStrOutput(_Msg, frozen=True):
     output_top_logprobs: list[list[list[tuple[float, int]]]] = []
 
 
-SchedulerInput = (
-    TokenizedGenerateReq | AbortReq | FlushCacheReq | GetLoadReq | GetStateReq | ShutdownReq
-)
-ControlOutput = FlushCacheOutput | LoadOutput | StateOutput
+SchedulerInput = TokenizedGenerateReq | AbortReq | FlushCacheReq | GetLoadReq | GetStateReq
 TokenizerInput = BatchStrOutput | FlushCacheOutput | LoadOutput | StateOutput
-DetokenizerInput = BatchTokenIDOutput | ShutdownReq
+DetokenizerInput = BatchTokenIDOutput

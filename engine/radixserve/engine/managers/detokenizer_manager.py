@@ -17,7 +17,6 @@ from radixserve.engine.ipc.messages import (
     BatchStrOutput,
     BatchTokenIDOutput,
     DetokenizerInput,
-    ShutdownReq,
 )
 from radixserve.engine.managers.incremental_detokenizer import DecodeState, IncrementalDetokenizer
 
@@ -80,9 +79,7 @@ def run_detokenizer_process(model_path: str, ports: PortArgs, revision: str | No
     ctx = zmq.Context()
     recv = PullChannel(ctx, ports.detokenizer_input, bind=True, msg_type=DetokenizerInput)
     send = PushChannel(ctx, ports.tokenizer_input, bind=False)
-    while True:
-        msg = recv.recv()
-        if isinstance(msg, ShutdownReq):
-            return
+    while True:  # until the parent terminates this process
+        msg = recv.recv()  # blocking: never None
         if isinstance(msg, BatchTokenIDOutput):
             send.send(manager.handle(msg))

@@ -26,7 +26,6 @@ from radixserve.engine.ipc.messages import (
     GetLoadReq,
     GetStateReq,
     SchedulerInput,
-    ShutdownReq,
     TokenizedGenerateReq,
 )
 from radixserve.engine.managers.kv_event_publisher import ZmqKVEventPublisher
@@ -56,19 +55,18 @@ class SchedulerLoop:
         self.scheduler = core.scheduler
         self.ch = channels
         self.publish_events = publish_events
-        self.running = True
         self.handlers: dict[type, Callable[[Any], None]] = {
             TokenizedGenerateReq: self.handle_generate,
             AbortReq: self.handle_abort,
             FlushCacheReq: self.handle_flush,
             GetLoadReq: self.handle_get_load,
             GetStateReq: self.handle_get_state,
-            ShutdownReq: self.handle_shutdown,
         }
         self.pending: list[Req] = []  # finished without running (aborted, rejected)
 
     def run(self) -> None:
-        while self.running:
+        """Serve until the process is terminated (the parent stops children by signal)."""
+        while True:
             idle = not self.scheduler.has_work()
             first = self.ch.recv.recv(IDLE_POLL_MS if idle else 0)
             msgs = [first, *self.ch.recv.drain()] if first is not None else []
@@ -103,9 +101,6 @@ class SchedulerLoop:
 
     def handle_get_state(self, msg: GetStateReq) -> None:
         self.ch.to_tokenizer.send(self.scheduler.state(msg.include_pages))
-
-    def handle_shutdown(self, msg: ShutdownReq) -> None:
-        self.running = False
 
     # ---- outputs --------------------------------------------------------------------------
 
