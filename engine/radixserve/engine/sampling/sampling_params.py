@@ -102,7 +102,7 @@ class SamplingParams:
         Checks what `from_dict` checks (an instance may have been built directly), and with
         `vocab_size` also that every token id is below it.
         """
-        _convert(dataclasses.asdict(self))
+        _convert({name: getattr(self, name) for name in _FIELD_NAMES})  # shallow: read only
         self._check_rules()
         if vocab_size is None:
             return
