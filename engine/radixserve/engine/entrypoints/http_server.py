@@ -224,9 +224,15 @@ def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per
     async def detokenize(request: Request) -> dict[str, Any]:
         body = await read_json_object(request)
         tokens = body.get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+        if not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in tokens
+        ):
             raise InvalidRequest("tokens: expected a list of token ids")
-        return {"text": st(request).tokenizer.decode(tokens)}
+        tokenizer = st(request).tokenizer
+        vocab = len(tokenizer)
+        if bad := [t for t in tokens if not 0 <= t < vocab]:
+            raise InvalidRequest(f"tokens: ids must be in [0, {vocab}), got {bad[:4]}")
+        return {"text": tokenizer.decode(tokens)}
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
