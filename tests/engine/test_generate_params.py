@@ -132,6 +132,8 @@ def test_input_ids_equal_prompt(smollm_engine: Any) -> None:
         pytest.param({"frequency_penalty": 3.0}, r"^frequency_penalty", id="frequency"),
         pytest.param({"stop_token_ids": [10**9]}, r"^stop_token_ids", id="stop_ids"),
         pytest.param({"temprature": 0.5}, r"temprature", id="unknown"),
+        pytest.param({"temperature": "hot"}, r"^temperature: expected `float`", id="type"),
+        pytest.param({"max_new_tokens": 4.0}, r"^max_new_tokens: expected `int`", id="int"),
     ],
 )
 def test_invalid_params_raise_and_engine_survives(
