@@ -38,7 +38,8 @@ class Follower:
 
     def _on_batch(self, batch: KVEventBatch) -> None:
         self.log.append(self.sub.last_seq)
-        self.tree.apply_batch(batch)
+        for event in batch.events:
+            self.tree.apply(event)
 
     def _on_reset(self) -> None:
         self.log.append("reset")

@@ -39,7 +39,6 @@ from radixserve.protocol.kv_events import (
     BlockRemoved,
     BlockStored,
     KVCacheEvent,
-    KVEventBatch,
 )
 
 TOKEN_BYTES = 4
@@ -152,10 +151,6 @@ class MirrorTree:
         return match_bytes(self._root, q, self._pb) // TOKEN_BYTES
 
     # ---- events -------------------------------------------------------------------------------
-
-    def apply_batch(self, batch: KVEventBatch) -> None:
-        for event in batch.events:
-            self.apply(event)
 
     def apply(self, event: KVCacheEvent) -> None:
         """Apply one event; a malformed BlockStored raises ValueError naming the field."""
