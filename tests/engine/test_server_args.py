@@ -180,6 +180,16 @@ def test_offline_engines_refuse_kv_events_without_a_port(engine_name: str) -> No
         engine_cls(enable_kv_events=True)
 
 
+def test_in_process_engine_core_refuses_kv_events_even_with_a_port() -> None:
+    """EngineCore runs no publisher: events would pile up in RadixCache.events, port or not."""
+    from radixserve.engine import EngineCore
+
+    with pytest.raises(ValueError, match=r"^enable_kv_events: EngineCore publishes no KV"):
+        EngineCore(enable_kv_events=True, kv_events_port=5557)
+    with pytest.raises(ValueError, match=r"^enable_kv_events: EngineCore publishes no KV"):
+        EngineCore(kv_events_port=5557)
+
+
 def test_serve_refuses_kv_events_without_a_port(capsys: pytest.CaptureFixture[str]) -> None:
     from radixserve.cli import main
 

@@ -28,7 +28,17 @@ from radixserve.engine.managers.tokenizer_manager import GenerateChunk
 
 class EngineCore:
     def __init__(self, _core: SchedulerCore | None = None, **kwargs: Any) -> None:
-        self.core = _core if _core is not None else SchedulerCore(ServerArgs.from_kwargs(**kwargs))
+        if _core is None:
+            args = ServerArgs.from_kwargs(**kwargs)
+            # Only the scheduler process's publisher drains RadixCache.events; in this process
+            # nothing would, and the list would grow with every insert and eviction.
+            if args.enable_kv_events or args.kv_events_port is not None:
+                raise ValueError(
+                    "enable_kv_events: EngineCore publishes no KV events; use Engine or "
+                    "`radixserve serve` with --kv-events-port"
+                )
+            _core = SchedulerCore(args)
+        self.core = _core
         self.server_args = self.core.server_args
         self.tokenizer = self.core.tokenizer
         self.model_config = self.core.model_config
