@@ -52,3 +52,18 @@ def smollm_engine() -> Iterator[Any]:
     engine = Engine(model_path=SMOLLM, max_total_tokens=16384)
     yield engine
     engine.shutdown()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`gpu`-marked tests skip without a CUDA device (torch is imported only if any was
+    collected, so torch-free runs stay torch-free)."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="gpu: needs a CUDA device")
+    for item in gpu_items:
+        item.add_marker(skip)
