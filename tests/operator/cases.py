@@ -51,9 +51,22 @@ HOSTPATH_TP: dict[str, Any] = {
     "engine": {"parallelism": {"tp": 2, "dp": 2}},
 }
 
+SMOLLM_AUTOSCALED: dict[str, Any] = {
+    "model": {"name": "smollm2-135m", "source": {"builtin": "smollm2-135m"}},
+    "engine": {"replicas": 1, "resources": {"cpu": 2, "memory": "4Gi"}},
+    "autoscaling": {
+        "minReplicas": 2,
+        "maxReplicas": 6,
+        "metric": "requests",
+        "targetPerReplica": 8,
+        "scaleDownStabilizationSeconds": 600,
+    },
+}
+
 CASES = {
     "smollm-cpu": SMOLLM_CPU,
     "moe-gpu": MOE_GPU,
     "pvc-suspended": PVC_SUSPENDED,
     "hostpath-tp": HOSTPATH_TP,
+    "smollm-autoscaled": SMOLLM_AUTOSCALED,
 }

@@ -26,6 +26,10 @@ RESOURCES: dict[str, dict[str, Any]] = {
         "subresources": {"status", "scale"},
     },
     "apps/v1/deployments": {"kind": "Deployment", "subresources": {"status", "scale"}},
+    "autoscaling/v2/horizontalpodautoscalers": {
+        "kind": "HorizontalPodAutoscaler",
+        "subresources": {"status"},
+    },
     "v1/services": {"kind": "Service", "subresources": {"status"}},
     "v1/serviceaccounts": {"kind": "ServiceAccount", "subresources": set()},
     "rbac.authorization.k8s.io/v1/roles": {"kind": "Role", "subresources": set()},

@@ -50,9 +50,12 @@ def test_children_match_golden_files(case: str) -> None:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_child_passes_kubernetes_strict_validation(case: str) -> None:
     children = _children(CASES[case])
-    assert [(c["apiVersion"], c["kind"], c["metadata"]["name"]) for c in children] == child_refs(
-        OWNER.name
-    )
+    built = [(c["apiVersion"], c["kind"], c["metadata"]["name"]) for c in children]
+    # every child in child_refs order; only the HPA is optional
+    assert built == [ref for ref in child_refs(OWNER.name) if ref in built]
+    assert set(child_refs(OWNER.name)) - set(built) <= {
+        ("autoscaling/v2", "HorizontalPodAutoscaler", "chat")
+    }
     for child in children:
         kubernetes_validate.validate(child, K8S, strict=True)
         assert child["metadata"]["ownerReferences"] == [OWNER.reference()]

@@ -1,13 +1,21 @@
 """Spec → every child manifest of one InferenceService, in the order they are applied.
 
 Dependencies first: the router's identity and RBAC before its pods, the engines' Service
-before the router that watches it, the user-facing Service last.
+before the router that watches it, the user-facing Service, then the HPA (only when
+`spec.autoscaling` is set and the service is not suspended). `child_refs` lists every child
+the operator may own, so a child the spec no longer asks for is found and removed.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from radixserve.operator.autoscaling import (
+    HPA_API_VERSION,
+    HPA_KIND,
+    horizontal_pod_autoscaler,
+    hpa_name,
+)
 from radixserve.operator.config import OperatorConfig
 from radixserve.operator.engine_manifests import engine_deployment, engine_service
 from radixserve.operator.meta import Owner, engine_name, router_name
@@ -26,7 +34,7 @@ RBAC = "rbac.authorization.k8s.io/v1"
 def build_children(
     owner: Owner, spec: InferenceServiceSpec, config: OperatorConfig
 ) -> list[dict[str, Any]]:
-    return [
+    children = [
         router_service_account(owner),
         router_role(owner),
         router_role_binding(owner),
@@ -35,10 +43,13 @@ def build_children(
         router_deployment(owner, spec, config.router_image),
         frontend_service(owner),
     ]
+    hpa = horizontal_pod_autoscaler(owner, spec)
+    return children if hpa is None else [*children, hpa]
 
 
 def child_refs(name: str) -> list[tuple[str, str, str]]:
-    """(apiVersion, kind, name) of every child, in build order; needs no (valid) spec."""
+    """(apiVersion, kind, name) of every child the operator may own, in build order (the
+    optional HPA last); needs no (valid) spec."""
     return [
         ("v1", "ServiceAccount", router_name(name)),
         (RBAC, "Role", router_name(name)),
@@ -47,4 +58,5 @@ def child_refs(name: str) -> list[tuple[str, str, str]]:
         ("apps/v1", "Deployment", engine_name(name)),
         ("apps/v1", "Deployment", router_name(name)),
         ("v1", "Service", name),
+        (HPA_API_VERSION, HPA_KIND, hpa_name(name)),
     ]

@@ -189,7 +189,7 @@ def engine_deployment(owner: Owner, spec: InferenceServiceSpec, image: str) -> d
         "kind": "Deployment",
         "metadata": object_meta(owner, engine_name(owner.name), ENGINE),
         "spec": {
-            "replicas": 0 if spec.suspend else e.replicas,
+            "replicas": spec.engine_replicas,
             "selector": {"matchLabels": selector(owner.name, ENGINE)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling},
             "template": {

@@ -47,6 +47,7 @@ from radixserve.operator.status import Observation, Problem, compute_status, sta
 LoginFn = Callable[..., Any]
 CHILD_KINDS = (  # kopf resource specs of the kinds we create
     ("apps", "v1", "deployments"),
+    ("autoscaling", "v2", "horizontalpodautoscalers"),
     ("v1", "services"),
     ("v1", "serviceaccounts"),
     ("rbac.authorization.k8s.io", "v1", "roles"),
@@ -202,9 +203,20 @@ class Runtime:
         meta = body.meta
         owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
         outcomes: dict[str, str] = {}
+        wanted: set[tuple[str, str, str]] = set()
         for child in build_children(owner, spec, self.config):
             key = f"{child['kind']}/{child['metadata']['name']}"
+            wanted.add((child["apiVersion"], child["kind"], child["metadata"]["name"]))
             outcomes[key] = await self.kube.apply(child, owner.uid)
+        # Children the spec no longer asks for (the HPA, after autoscaling is removed or the
+        # service suspended): ours are deleted, anyone else's are left alone.
+        for api_version, kind, name in child_refs(owner.name):
+            if (api_version, kind, name) in wanted:
+                continue
+            live = await self.kube.get(api_version, kind, owner.namespace, name)
+            if live is not None and owned_by(live, owner.uid):
+                await self.kube.delete(api_version, kind, owner.namespace, name)
+                outcomes[f"{kind}/{name}"] = "deleted"
         return outcomes
 
     async def write_status(

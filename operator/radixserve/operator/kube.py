@@ -34,6 +34,10 @@ RESOURCES: Mapping[tuple[str, str], tuple[str, str]] = MappingProxyType(
         ("v1", "ServiceAccount"): ("/api/v1", "serviceaccounts"),
         ("v1", "Service"): ("/api/v1", "services"),
         ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
+        ("autoscaling/v2", "HorizontalPodAutoscaler"): (
+            "/apis/autoscaling/v2",
+            "horizontalpodautoscalers",
+        ),
         ("rbac.authorization.k8s.io/v1", "Role"): ("/apis/rbac.authorization.k8s.io/v1", "roles"),
         ("rbac.authorization.k8s.io/v1", "RoleBinding"): (
             "/apis/rbac.authorization.k8s.io/v1",

@@ -118,8 +118,38 @@ class RouterSpec:
 
 
 @dataclass(frozen=True)
+class Autoscaling:
+    """`spec.autoscaling`: an HPA on the InferenceService's /scale subresource.
+
+    `metric` is a key of `radixserve.operator.autoscaling.METRICS`; `target_per_replica` is the
+    average value per engine pod the HPA aims at (a fraction for kvTokenUsage).
+    """
+
+    max_replicas: int
+    target_per_replica: float
+    min_replicas: int = 1
+    metric: str = "requests"
+    scale_down_stabilization_s: int = 300
+
+    def clamp(self, replicas: int) -> int:
+        """`replicas` kept within [min_replicas, max_replicas]."""
+        return max(self.min_replicas, min(self.max_replicas, replicas))
+
+
+@dataclass(frozen=True)
 class InferenceServiceSpec:
     model: ModelSpec
     engine: EngineSpec = EngineSpec()
     router: RouterSpec = RouterSpec()
+    autoscaling: Autoscaling | None = None
     suspend: bool = False
+
+    @property
+    def engine_replicas(self) -> int:
+        """What the engine Deployment runs: 0 when suspended, else spec.engine.replicas (the
+        /scale subresource, which the HPA writes) kept within the autoscaling bounds."""
+        if self.suspend:
+            return 0
+        if self.autoscaling is not None:
+            return self.autoscaling.clamp(self.engine.replicas)
+        return self.engine.replicas

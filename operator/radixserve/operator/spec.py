@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from radixserve.operator.schema import (
+    Autoscaling,
     BuiltinSource,
     EngineSpec,
     HostPathSource,
@@ -33,6 +34,9 @@ from radixserve.operator.schema import (
 ENGINE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 ROUTER_POLICIES = ("cache_aware", "cost", "round_robin", "random", "power_of_two", "least_load")
 DEVICES = ("cpu", "cuda")
+# Keys of radixserve.operator.autoscaling.METRICS (kept here: spec parsing imports no builder).
+AUTOSCALING_METRICS = ("requests", "queuedRequests", "kvTokenUsage")
+MAX_STABILIZATION_S = 3600  # the HPA API's own limit for stabilizationWindowSeconds
 MAX_NAME_LENGTH = 56  # children add "-engine" / "-router"; Service names are ≤ 63
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _QUANTITY = re.compile(
@@ -143,11 +147,14 @@ def parse_spec(spec: Mapping[str, Any] | None, name: str) -> InferenceServiceSpe
     """Validate and normalise one InferenceService spec (with the CRD's defaults)."""
     validate_name(name)
     r = _Reader(spec, "spec")
-    r.only("model", "engine", "router", "suspend")
+    r.only("model", "engine", "router", "autoscaling", "suspend")
     return InferenceServiceSpec(
         model=_model(r.child("model", required=True)),
         engine=_engine(r.child("engine")),
         router=_router(r.child("router")),
+        autoscaling=(
+            _autoscaling(r.child("autoscaling")) if r.data.get("autoscaling") is not None else None
+        ),
         suspend=r.boolean("suspend", False),
     )
 
@@ -355,4 +362,38 @@ def _router(r: _Reader) -> RouterSpec:
         cache_threshold=threshold,
         balance_abs_threshold=c.integer("balanceAbsThreshold", 64, 0) or 0,
         balance_rel_threshold=rel,
+    )
+
+
+def _autoscaling(r: _Reader) -> Autoscaling:
+    """`spec.autoscaling`; present (even `{}`) means an HPA is wanted, so its required fields
+    must be there."""
+    r.only(
+        "minReplicas", "maxReplicas", "metric", "targetPerReplica", "scaleDownStabilizationSeconds"
+    )
+    low = r.integer("minReplicas", 1, 1) or 1
+    high = r.integer("maxReplicas", None, 1)
+    if high is None:
+        raise SpecError(r.at("maxReplicas"), "is required")
+    if low > high:
+        raise SpecError(r.at("minReplicas"), f"must be ≤ maxReplicas ({high}), got {low}")
+    metric = r.string("metric", "requests", AUTOSCALING_METRICS) or "requests"
+    target = r.number("targetPerReplica", None)
+    if target is None:
+        raise SpecError(r.at("targetPerReplica"), "is required")
+    if metric == "kvTokenUsage" and not 0 < target <= 1:
+        raise SpecError(r.at("targetPerReplica"), f"must be in (0, 1] for {metric}, got {target}")
+    if target <= 0:
+        raise SpecError(r.at("targetPerReplica"), f"must be > 0, got {target}")
+    window = r.integer("scaleDownStabilizationSeconds", 300, 0)
+    if window is not None and window > MAX_STABILIZATION_S:
+        raise SpecError(
+            r.at("scaleDownStabilizationSeconds"), f"must be ≤ {MAX_STABILIZATION_S}, got {window}"
+        )
+    return Autoscaling(
+        min_replicas=low,
+        max_replicas=high,
+        metric=metric,
+        target_per_replica=target,
+        scale_down_stabilization_s=window or 0,
     )

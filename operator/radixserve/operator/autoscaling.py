@@ -1,0 +1,117 @@
+"""Autoscaling child: the HorizontalPodAutoscaler (autoscaling/v2) of one InferenceService.
+
+Pure functions of the parsed spec. The HPA scales the InferenceService itself (its /scale
+subresource writes `spec.engine.replicas`), never the engine Deployment, so the operator stays
+the only writer of the Deployment's replicas. It reads one Pods metric per engine pod through
+the custom metrics API; prometheus-adapter (or KEDA) serves it from the engine's Prometheus
+series named in `METRICS` (docs/observability.md has the adapter rules).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from radixserve.operator.config import API_VERSION, KIND
+from radixserve.operator.meta import ENGINE, Owner, object_meta
+from radixserve.operator.schema import Autoscaling, InferenceServiceSpec
+
+HPA_API_VERSION = "autoscaling/v2"
+HPA_KIND = "HorizontalPodAutoscaler"
+
+
+@dataclass(frozen=True)
+class ScalingMetric:
+    """One metric `spec.autoscaling.metric` may name.
+
+    `custom_metric` is the name the custom metrics API serves (a prometheus-adapter rule's
+    `name.as`); `series` are the engine's own Prometheus series it is computed from, and
+    `query` is the adapter's metricsQuery over them (per pod, summed over DP ranks).
+    """
+
+    custom_metric: str
+    series: tuple[str, ...]
+    query: str
+    is_fraction: bool = False
+
+
+def _per_pod(expr: str) -> str:
+    return f"sum({expr}) by (<<.GroupBy>>)"
+
+
+METRICS = MappingProxyType(
+    {
+        # Requests the replica holds: decoding plus waiting for a prefill slot.
+        "requests": ScalingMetric(
+            custom_metric="radixserve_running_queued_requests",
+            series=("radixserve:num_running_reqs", "radixserve:num_queue_reqs"),
+            query=_per_pod(
+                "radixserve:num_running_reqs{<<.LabelMatchers>>}"
+                " + radixserve:num_queue_reqs{<<.LabelMatchers>>}"
+            ),
+        ),
+        # Requests waiting in the scheduler queue only: grows first when a replica saturates.
+        "queuedRequests": ScalingMetric(
+            custom_metric="radixserve_queued_requests",
+            series=("radixserve:num_queue_reqs",),
+            query=_per_pod("radixserve:num_queue_reqs{<<.LabelMatchers>>}"),
+        ),
+        # Share of the KV pool in use (0..1).
+        "kvTokenUsage": ScalingMetric(
+            custom_metric="radixserve_kv_token_usage",
+            series=("radixserve:token_usage",),
+            query=_per_pod("radixserve:token_usage{<<.LabelMatchers>>}"),
+            is_fraction=True,
+        ),
+    }
+)
+
+
+def quantity(value: float) -> str:
+    """A Kubernetes quantity for `value`: whole numbers as is, others in milli-units (0.7 →
+    700m), the form the API server itself writes back."""
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{round(value * 1000)}m"
+
+
+def hpa_name(owner: str) -> str:
+    """The HPA is named after the InferenceService it scales."""
+    return owner
+
+
+def _behavior(a: Autoscaling) -> dict[str, Any]:
+    return {"scaleDown": {"stabilizationWindowSeconds": a.scale_down_stabilization_s}}
+
+
+def horizontal_pod_autoscaler(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any] | None:
+    """The HPA the spec asks for, or None: no `spec.autoscaling`, or suspended (suspend wins:
+    no HPA may scale a suspended service back up)."""
+    a = spec.autoscaling
+    if a is None or spec.suspend:
+        return None
+    metric = METRICS[a.metric]
+    return {
+        "apiVersion": HPA_API_VERSION,
+        "kind": HPA_KIND,
+        "metadata": object_meta(owner, hpa_name(owner.name), ENGINE),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": API_VERSION, "kind": KIND, "name": owner.name},
+            "minReplicas": a.min_replicas,
+            "maxReplicas": a.max_replicas,
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": metric.custom_metric},
+                        "target": {
+                            "type": "AverageValue",
+                            "averageValue": quantity(a.target_per_replica),
+                        },
+                    },
+                }
+            ],
+            "behavior": _behavior(a),
+        },
+    }
