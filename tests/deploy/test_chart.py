@@ -192,6 +192,7 @@ def test_clusterwide_rbac_is_least_privilege() -> None:
         ("radixserve.io", "inferenceservices"),
         ("radixserve.io", "inferenceservices/status"),
         ("apps", "deployments"),
+        ("autoscaling", "horizontalpodautoscalers"),
         ("", "services"),
         ("", "serviceaccounts"),
         ("rbac.authorization.k8s.io", "roles"),

@@ -35,6 +35,9 @@ def test_manifest_tree_has_the_promised_files() -> None:
         "operator.yaml",
         "examples/smollm2-cpu.yaml",
         "examples/qwen3-moe-dp-ep.yaml",
+        "examples/smollm2-autoscaled.yaml",
+        "examples/keda-scaledobject.yaml",
+        "examples/prometheus-adapter-rules.yaml",
     } <= names
 
 
@@ -90,11 +93,21 @@ def test_qwen3_moe_example(crd: dict[str, Any]) -> None:
 
 
 def test_examples_obey_the_crd_cel_rules(crd: dict[str, Any]) -> None:
-    for path in sorted(EXAMPLES.glob("*.yaml")):
-        spec = validate_isvc(load_yaml_documents(path)[0], crd)["spec"]
+    isvcs = [
+        (path, doc) for path in sorted(EXAMPLES.glob("*.yaml"))
+        for doc in load_yaml_documents(path) if is_isvc(doc)
+    ]  # fmt: skip
+    assert len(isvcs) >= 3
+    for path, isvc in isvcs:
+        spec = validate_isvc(isvc, crd)["spec"]
         _check_parallelism_rules(spec["engine"])
         source = spec["model"]["source"]
         assert len(source) == 1, f"{path.name}: exactly one of builtin, pvc, hostPath, huggingFace"
+        if "autoscaling" in spec:
+            scaling = spec["autoscaling"]
+            assert scaling["minReplicas"] <= scaling["maxReplicas"], "minReplicas ≤ maxReplicas"
+            if scaling["metric"] == "kvTokenUsage":
+                assert scaling["targetPerReplica"] <= 1, "kvTokenUsage targets a fraction"
 
 
 @pytest.mark.parametrize(

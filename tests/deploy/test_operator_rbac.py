@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.deploy.render import REPO, load_yaml_documents, render_objects
-from tests.deploy.validate import validate_k8s
+from tests.deploy.validate import is_isvc, validate_k8s
 
 EXAMPLES = sorted((REPO / "manifests" / "examples").glob("*.yaml"))
 CHILD_VERBS = {"get", "create", "patch", "delete"}
@@ -53,8 +53,9 @@ def children() -> list[dict[str, Any]]:
     from radixserve.operator.spec import parse_spec
 
     built = []
-    for path in EXAMPLES:
-        isvc = load_yaml_documents(path)[0]
+    isvcs = [doc for path in EXAMPLES for doc in load_yaml_documents(path) if is_isvc(doc)]
+    assert any("autoscaling" in isvc["spec"] for isvc in isvcs), "no example builds an HPA"
+    for isvc in isvcs:
         owner = Owner(name=isvc["metadata"]["name"], namespace="ml", uid="0000-uid")
         spec = parse_spec(isvc["spec"], owner.name)
         built += build_children(owner, spec, OperatorConfig())

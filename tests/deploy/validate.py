@@ -3,7 +3,9 @@
 Built-in kinds go through `kubernetes-validate` (the API server's OpenAPI for one Kubernetes
 version, strict: unknown fields are errors). InferenceService objects go through the CRD's own
 `openAPIV3Schema` with jsonschema, made as strict as `kubectl apply` (server-side field
-validation rejects unknown fields), after the API server's structural defaulting.
+validation rejects unknown fields), after the API server's structural defaulting. The
+third-party kinds we ship (KEDA ScaledObject, ServiceMonitor, PodMonitor) are not in
+kubernetes-validate: they go through the small closed schemas of `crd_schemas.py`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import yaml
+
+from tests.deploy.crd_schemas import SCHEMAS
 
 K8S_VERSION = "1.31.0"
 ISVC_GROUP = "radixserve.io"
@@ -107,8 +111,19 @@ def validate_isvc(obj: Obj, crd: Obj) -> Obj:
     return defaulted
 
 
+def validate_third_party(obj: Obj) -> None:
+    """A KEDA or Prometheus Operator object against its closed schema (crd_schemas.py)."""
+    schema = SCHEMAS[(obj["apiVersion"], obj["kind"])]
+    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(obj), key=lambda e: list(e.path))
+    if errors:
+        lines = [f"{'/'.join(map(str, e.path)) or '<root>'}: {e.message}" for e in errors]
+        raise AssertionError(f"{object_id(obj)} fails its schema:\n  " + "\n  ".join(lines))
+
+
 def validate_any(obj: Obj, crd: Obj) -> None:
     if is_isvc(obj):
         validate_isvc(obj, crd)
+    elif (obj.get("apiVersion"), obj.get("kind")) in SCHEMAS:
+        validate_third_party(obj)
     else:
         validate_k8s(obj)
