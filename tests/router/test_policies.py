@@ -151,3 +151,26 @@ def test_disabled_breaker_always_allows() -> None:
     cb = CircuitBreaker(failure_threshold=1, enabled=False)
     cb.record(False)
     assert cb.allows()
+
+
+def test_cache_aware_load_counts_queued_prefill_tokens() -> None:
+    p = CacheAwarePolicy()  # 512 queued tokens weigh as one request
+    # a miss: b has fewer requests but a long cold prompt queued; a's short warm ones cost less
+    targets = [view("a", load=2, queued=64), view("b", load=1, queued=2048)]
+    assert p.load(targets[0]) == 2.125 and p.load(targets[1]) == 5.0
+    assert p.select(RouteRequest(1000), targets).key[0] == "http://a"
+    # the balance rule sees tokens too: equal request counts, 40k tokens queued on a
+    assert not p.imbalanced([view("a", load=1), view("b", load=1)])
+    heavy = [view("a", load=1, cached=1000, queued=40_000), view("b", load=1)]
+    assert p.imbalanced(heavy) and p.select(RouteRequest(1000), heavy).key[0] == "http://b"
+    with pytest.raises(ValueError, match="load_tokens_per_request"):
+        CacheAwarePolicy(load_tokens_per_request=0)
+    assert make_policy(RouterConfig(load_tokens_per_request=64)).load(targets[0]) == 3.0  # type: ignore[attr-defined]
+
+
+def test_cache_aware_scores_in_flight_prefixes_like_cached_ones() -> None:
+    p = CacheAwarePolicy()
+    arriving = TargetView(("http://a", 0), 1, 0, cached_tokens=0, inflight_tokens=600)
+    targets = [arriving, view("b"), view("c", cached=100)]
+    assert p.select(RouteRequest(632), targets).key[0] == "http://a"
+    assert arriving.expected_tokens == 600 and arriving.cached_tokens == 0

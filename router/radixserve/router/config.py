@@ -26,6 +26,12 @@ class RouterConfig:
     cache_threshold: float = 0.3
     balance_abs_threshold: int = 64
     balance_rel_threshold: float = 1.5
+    # cache_aware's load: requests + queued uncached prompt tokens / this many tokens
+    load_tokens_per_request: int = 512
+    # in-flight overlay: a routed prompt counts as arriving on its target until its events
+    # store it or the request ends; at most this long, and this many tokens per target
+    inflight_ttl_s: float = 60.0
+    inflight_max_tokens: int = 1 << 22
     # cost: uncached prompt tokens + cost_queue_weight × tokens queued on the target
     cost_queue_weight: float = 1.0
     # header whose value pins a session to one target (sticky sessions); None: off
@@ -69,6 +75,15 @@ class RouterConfig:
             raise ValueError(
                 f"balance_rel_threshold: must be ≥ 1, got {self.balance_rel_threshold}"
             )
+        if self.load_tokens_per_request < 1:
+            raise ValueError(
+                f"load_tokens_per_request: must be ≥ 1, got {self.load_tokens_per_request}"
+            )
+        if not self.inflight_ttl_s > 0 or self.inflight_max_tokens < 0:
+            raise ValueError(
+                f"inflight_ttl_s / inflight_max_tokens: must be > 0 / ≥ 0, got "
+                f"{self.inflight_ttl_s} / {self.inflight_max_tokens}"
+            )
         if self.retry_max_attempts < 1:
             raise ValueError(f"retry_max_attempts: must be ≥ 1, got {self.retry_max_attempts}")
         if self.k8s_service and self.worker_urls:
@@ -86,6 +101,11 @@ _HELP = MappingProxyType(
         "worker_api_key": "bearer key the router sends to the engines",
         "k8s_service": "discover engines from the EndpointSlices of this Service",
         "tokenizer_path": "local tokenizer.json (default: fetched from a replica)",
+        "load_tokens_per_request": (
+            "cache_aware: queued uncached prompt tokens that weigh as much as one request"
+        ),
+        "inflight_ttl_s": "longest a routed prompt counts as arriving without its KV events",
+        "inflight_max_tokens": "per-target token budget of the in-flight overlay",
     }
 )
 

@@ -1,23 +1,26 @@
 """One routing decision: available targets → views (load, cached prefix) → policy → a lease.
 
 A `Lease` is the in-flight accounting of one attempt: taking it bumps the target's load and
-queued tokens, releasing it (exactly once, in a `finally`) gives them back. Sticky sessions
-sit in front of the policy: a session keeps its target while that target is available.
+queued tokens and puts its prompt in the target's in-flight overlay; releasing it (exactly
+once, in a `finally`, when the request ends or fails) gives them back and takes it out.
+`cached_tokens` is the mirror's exact prefix (what metrics report); the overlay only steers.
+Sticky sessions sit in front of the policy: a session keeps its target while it is available.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
-from radixserve.router.mirror.index import CacheIndex
+from radixserve.router.mirror.index import CacheIndex, PrefixMatch
 from radixserve.router.policies import Policy, RouteRequest, TargetView
 from radixserve.router.targets import TargetKey
 from radixserve.router.workers import Worker, WorkerRegistry
 
 MAX_SESSIONS = 100_000  # sticky-session table size; least recently used sessions go first
+NO_MATCH = PrefixMatch(0)
 
 
 @dataclass
@@ -25,18 +28,23 @@ class Lease:
     worker: Worker
     dp_rank: int
     num_tokens: int
-    cached_tokens: int
+    cached_tokens: int  # the mirror's prefix: the only number reported as cached
     decision_s: float
+    expected_tokens: int = 0  # cached or arriving with an in-flight request (scoring only)
+    on_release: Callable[[], None] | None = None
     released: bool = field(default=False)
 
     @property
     def uncached(self) -> int:
-        return max(0, self.num_tokens - self.cached_tokens)
+        """Prompt tokens this request will have to prefill there: its queued work."""
+        return max(0, self.num_tokens - max(self.cached_tokens, self.expected_tokens))
 
     def release(self) -> None:
         if self.released:
             return
         self.released = True
+        if self.on_release is not None:
+            self.on_release()
         load = self.worker.load_of(self.dp_rank)
         load.in_flight -= 1
         load.in_flight_tokens -= self.uncached
@@ -53,12 +61,14 @@ class Selector:
         keys = [
             key for w in self.registry.available() if w.url not in exclude for key in w.targets()
         ]
-        cached = self.index.match(tokens, keys) if tokens and self.policy.uses_cache else {}
+        cached = self.index.match_both(tokens, keys) if tokens and self.policy.uses_cache else {}
         out = []
         for url, rank in keys:
             load = self.registry.workers[url].load_of(rank)
-            hit = cached.get((url, rank), 0)
-            out.append(TargetView((url, rank), load.load, load.in_flight_tokens, hit))
+            hit = cached.get((url, rank), NO_MATCH)
+            out.append(
+                TargetView((url, rank), load.load, load.in_flight_tokens, hit.cached, hit.inflight)
+            )
         return out
 
     def choose(
@@ -80,14 +90,15 @@ class Selector:
             self.sessions.move_to_end(session)
             if len(self.sessions) > MAX_SESSIONS:
                 self.sessions.popitem(last=False)
-        if tokens:
-            self.index.on_routed(view.key, tokens)
+        entry = self.index.on_routed(view.key, tokens) if tokens else None
         lease = Lease(
             self.registry.workers[view.key[0]],
             view.key[1],
             len(tokens or ()),
             view.cached_tokens,
             time.perf_counter() - start,
+            view.expected_tokens,
+            (lambda: self.index.on_finished(view.key, entry)) if entry is not None else None,
         )
         load = lease.worker.load_of(lease.dp_rank)
         load.in_flight += 1

@@ -18,6 +18,7 @@ import httpx
 from radixserve.router.config import RouterConfig
 from radixserve.router.metrics import RouterMetrics
 from radixserve.router.mirror.index import CacheIndex
+from radixserve.router.mirror.inflight import OverlayLimits
 from radixserve.router.policies import make_policy
 from radixserve.router.proxy import Proxy
 from radixserve.router.selector import Selector
@@ -69,7 +70,8 @@ class RouterState:
     @classmethod
     def build(cls, config: RouterConfig) -> RouterState:
         client = httpx.AsyncClient(limits=POOL_LIMITS, timeout=config.request_timeout_s)
-        index = CacheIndex(approx_max_tokens=config.approx_max_tokens)
+        limits = OverlayLimits(config.inflight_ttl_s, max_tokens=config.inflight_max_tokens)
+        index = CacheIndex(approx_max_tokens=config.approx_max_tokens, overlay_limits=limits)
         registry = WorkerRegistry(config, client, index)
         selector = Selector(registry, index, make_policy(config))
         metrics = RouterMetrics(registry, index)

@@ -2,9 +2,11 @@
 
 A target with a KV-event endpoint gets a MirrorTree kept exact by a KVEventSubscriber ("events"
 mode); one without gets an ApproxTree of the prompts routed to it ("approx" mode, sgl-router's
-fallback). `match` encodes the prompt once and walks each target's tree: the cached prefix in
-tokens, page-aligned like the engine's own match. Everything runs on the event loop, no thread:
-the trees are only touched between awaits.
+fallback). An events target also has an InflightOverlay of the prompts routed to it and not
+yet confirmed by its events. `match` encodes the prompt once and walks each target's tree: the
+cached prefix in tokens, page-aligned like the engine's own match; `match_both` adds the
+overlay's "arriving" prefix beside it. Everything runs on the event loop, no thread: the trees
+are only touched between awaits.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import zmq.asyncio
 
 from radixserve.protocol.kv_events import KVEventBatch
 from radixserve.router.mirror.approx import ApproxTree
+from radixserve.router.mirror.inflight import InflightOverlay, OverlayLimits
 from radixserve.router.mirror.subscriber import REPLAY_TIMEOUT_S, KVEventSubscriber
 from radixserve.router.mirror.tree import DEFAULT_MAX_ORPHANS, MirrorTree, encode_tokens
 from radixserve.router.targets import KVEndpoint, TargetKey, reachable_endpoint
@@ -39,12 +43,22 @@ class TargetCacheStats:
     replays: int = 0
 
 
+class PrefixMatch(NamedTuple):
+    """One target's prefix for one prompt, in tokens: `cached` is what the target holds now
+    (the only number reported as cached); `inflight` what prompts routed there and not yet
+    confirmed by its events share with it (0 for approx targets, whose tree already has them)."""
+
+    cached: int
+    inflight: int = 0
+
+
 @dataclass(frozen=True)
 class _Target:
     page_size: int
     kv: KVEndpoint | None
     tree: MirrorTree | ApproxTree
     subscriber: KVEventSubscriber | None
+    overlay: InflightOverlay | None = None
 
 
 def _dialable(kv: KVEndpoint, worker_url: str) -> KVEndpoint:
@@ -64,9 +78,11 @@ class CacheIndex:
         ctx: zmq.asyncio.Context | None = None,
         replay_timeout_s: float = REPLAY_TIMEOUT_S,
         max_orphans: int = DEFAULT_MAX_ORPHANS,
+        overlay_limits: OverlayLimits | None = None,
     ) -> None:
         ApproxTree(approx_max_tokens)  # fail fast: ValueError naming max_tokens
         self.approx_max_tokens = approx_max_tokens
+        self.overlay_limits = overlay_limits or OverlayLimits()
         self.replay_timeout_s = replay_timeout_s
         self.max_orphans = max_orphans
         self._own_ctx = ctx is None
@@ -108,16 +124,17 @@ class CacheIndex:
             self._targets[key] = _Target(page_size, None, ApproxTree(self.approx_max_tokens), None)
             return
         tree = MirrorTree(page_size, self.max_orphans)
+        overlay = InflightOverlay(page_size, self.overlay_limits)
         name = f"{key[0]}#{key[1]}"
         subscriber = KVEventSubscriber(
             kv,
-            on_batch=lambda batch: self._apply(name, tree, batch),
+            on_batch=lambda batch: self._apply(name, tree, overlay, batch),
             on_reset=tree.clear,
             ctx=self._ctx,
             replay_timeout_s=self.replay_timeout_s,
             name=name,
         )
-        self._targets[key] = _Target(page_size, kv, tree, subscriber)
+        self._targets[key] = _Target(page_size, kv, tree, subscriber, overlay)
         if self._started:
             subscriber.start()
 
@@ -150,11 +167,48 @@ class CacheIndex:
                 out[key] = n - n % target.page_size
         return out
 
-    def on_routed(self, key: TargetKey, tokens: Sequence[int]) -> None:
-        """A prompt was sent to `key`: approx targets remember it; mirrors learn by events."""
+    def match_both(
+        self, tokens: Sequence[int], keys: Iterable[TargetKey]
+    ) -> dict[TargetKey, PrefixMatch]:
+        """`match` plus each events target's in-flight prefix (see PrefixMatch)."""
+        q = encode_tokens(tokens)
+        out: dict[TargetKey, PrefixMatch] = {}
+        for key in keys:
+            target = self._targets.get(key)
+            if target is None:
+                out[key] = PrefixMatch(0)
+            elif target.overlay is not None:
+                out[key] = PrefixMatch(
+                    target.tree.match_encoded(q), target.overlay.match_encoded(q)
+                )
+            else:
+                n = target.tree.match_encoded(q)
+                out[key] = PrefixMatch(n - n % target.page_size)
+        return out
+
+    def on_routed(self, key: TargetKey, tokens: Sequence[int]) -> int | None:
+        """A prompt was sent to `key`: approx targets remember it; an events target counts its
+        pages as arriving until its events store them. Returns the overlay entry to pass to
+        `on_finished` when the request ends or fails (None: nothing to undo)."""
         target = self._targets.get(key)
-        if target is not None and isinstance(target.tree, ApproxTree):
+        if target is None:
+            return None
+        if isinstance(target.tree, ApproxTree):
             target.tree.insert(tokens)
+            return None
+        assert target.overlay is not None
+        return target.overlay.add(encode_tokens(tokens))
+
+    def on_finished(self, key: TargetKey, entry: int | None) -> None:
+        """The request of `on_routed`'s entry ended or failed: its pages stop arriving."""
+        target = self._targets.get(key)
+        if entry is not None and target is not None and target.overlay is not None:
+            target.overlay.discard(entry)
+
+    def overlay_of(self, key: TargetKey) -> InflightOverlay | None:
+        """The target's in-flight overlay (None: approx or unknown target); for tests/metrics."""
+        target = self._targets.get(key)
+        return target.overlay if target is not None else None
 
     def stats(self) -> dict[TargetKey, TargetCacheStats]:
         out: dict[TargetKey, TargetCacheStats] = {}
@@ -176,9 +230,11 @@ class CacheIndex:
         return out
 
     @staticmethod
-    def _apply(name: str, tree: MirrorTree, batch: KVEventBatch) -> None:
+    def _apply(name: str, tree: MirrorTree, overlay: InflightOverlay, batch: KVEventBatch) -> None:
         for event in batch.events:
             try:
                 tree.apply(event)
             except ValueError as exc:  # one bad event must not cost the rest of the batch
                 logger.warning("KV events %s: event skipped: %s", name, exc)
+        if overlay.num_entries:
+            overlay.confirm(tree.match_encoded)  # stored pages now count as cached, not arriving

@@ -21,7 +21,10 @@ __all__ = ["Policy", "RouteRequest", "TargetView", "make_policy"]
 def make_policy(config: RouterConfig) -> Policy:
     if config.policy == "cache_aware":
         return CacheAwarePolicy(
-            config.cache_threshold, config.balance_abs_threshold, config.balance_rel_threshold
+            config.cache_threshold,
+            config.balance_abs_threshold,
+            config.balance_rel_threshold,
+            config.load_tokens_per_request,
         )
     if config.policy == "cost":
         return CostPolicy(config.cost_queue_weight)

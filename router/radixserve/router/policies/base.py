@@ -19,6 +19,13 @@ class TargetView:
     load: int  # in-flight requests (ours now + others' at the last engine report)
     queued_tokens: int  # uncached prompt tokens of our in-flight requests there
     cached_tokens: int = 0  # this request's cached prefix on the target, in tokens
+    inflight_tokens: int = 0  # its prefix among prompts routed there, not yet cached (overlay)
+
+    @property
+    def expected_tokens(self) -> int:
+        """The prefix the target will hold when this request is prefilled: mirror ∪ overlay.
+        Policies score this; only `cached_tokens` is ever reported as cached."""
+        return max(self.cached_tokens, self.inflight_tokens)
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,20 @@
 """`cache_aware`: SGLang's router rule, on the engines' real cached-token counts.
 
+Load is counted in requests, with prefill work folded in: a target's load is its requests plus
+its queued uncached prompt tokens ÷ `load_tokens_per_request`, so a long cold prompt weighs
+more than a short warm one (what the `cost` policy measures directly).
+
 1. If the load is imbalanced (max − min > `balance_abs_threshold` and max > min ×
    `balance_rel_threshold`), send to the least-loaded target: cache affinity must not pile
    a tenant's burst onto one replica.
-2. Otherwise take the target with the longest cached prefix; if that prefix covers more than
+2. Otherwise take the target with the longest expected prefix (cached by its mirror, or
+   arriving with a request routed there and still in flight); if that prefix covers more than
    `cache_threshold` of the prompt, route there (ties → lower load).
 3. Else route to the least-loaded target: a miss anywhere should land where it waits least.
 
 Unlike sgl-router, the match rate comes from the mirrored radix trees (what each engine
-really holds, in tokens), not from a character tree of what the router sent.
+really holds, in tokens) plus the in-flight overlay, not from a character tree of what the
+router sent, so evictions are seen and bursts still stay together.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from radixserve.router.policies.base import RouteRequest, TargetView, least_loaded
+from radixserve.router.policies.base import RouteRequest, TargetView
+
+DEFAULT_LOAD_TOKENS_PER_REQUEST = 512
 
 
 @dataclass(frozen=True)
@@ -24,21 +32,36 @@ class CacheAwarePolicy:
     cache_threshold: float = 0.3
     balance_abs_threshold: int = 64
     balance_rel_threshold: float = 1.5
+    load_tokens_per_request: int = DEFAULT_LOAD_TOKENS_PER_REQUEST
     name: str = "cache_aware"
     uses_cache: bool = True
 
+    def __post_init__(self) -> None:
+        if self.load_tokens_per_request < 1:
+            raise ValueError(
+                f"load_tokens_per_request: must be ≥ 1, got {self.load_tokens_per_request}"
+            )
+
+    def load(self, target: TargetView) -> float:
+        """Requests in flight plus queued prefill tokens, in request units."""
+        return target.load + target.queued_tokens / self.load_tokens_per_request
+
     def imbalanced(self, targets: Sequence[TargetView]) -> bool:
-        loads = [t.load for t in targets]
+        loads = [self.load(t) for t in targets]
         lo, hi = min(loads), max(loads)
         return hi - lo > self.balance_abs_threshold and hi > lo * self.balance_rel_threshold
+
+    def least_loaded(self, targets: Sequence[TargetView]) -> TargetView:
+        """Smallest load; ties → fewer requests, then the first (a stable order)."""
+        return min(targets, key=lambda t: (self.load(t), t.load))
 
     def select(self, request: RouteRequest, targets: Sequence[TargetView]) -> TargetView:
         if len(targets) == 1:
             return targets[0]
         if self.imbalanced(targets):
-            return least_loaded(targets)
-        best = max(targets, key=lambda t: (t.cached_tokens, -t.load, -t.queued_tokens))
-        rate = best.cached_tokens / request.num_tokens if request.num_tokens else 0.0
+            return self.least_loaded(targets)
+        best = max(targets, key=lambda t: (t.expected_tokens, -self.load(t)))
+        rate = best.expected_tokens / request.num_tokens if request.num_tokens else 0.0
         if rate > self.cache_threshold:
             return best
-        return least_loaded(targets)
+        return self.least_loaded(targets)

@@ -1,6 +1,7 @@
 """`cost`: pick the target with the least estimated work before this request's first token.
 
-cost = uncached prompt tokens (what this request must prefill there)
+cost = uncached prompt tokens (what this request must prefill there; in-flight prefixes count
+       as cached: they will be by then)
      + `queue_weight` × tokens queued there (uncached prompt tokens of our in-flight requests);
 ties go to the lower load.
 
@@ -23,7 +24,7 @@ class CostPolicy:
     uses_cache: bool = True
 
     def cost(self, request: RouteRequest, target: TargetView) -> float:
-        uncached = max(0, request.num_tokens - target.cached_tokens)
+        uncached = max(0, request.num_tokens - target.expected_tokens)
         return uncached + self.queue_weight * target.queued_tokens
 
     def select(self, request: RouteRequest, targets: Sequence[TargetView]) -> TargetView:
