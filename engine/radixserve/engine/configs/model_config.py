@@ -32,6 +32,24 @@ class RopeScaling:
 
 
 @dataclass(frozen=True, slots=True)
+class MoEConfig:
+    """Sparse MLP facts (Qwen3-MoE, Qwen2-MoE, Mixtral); absent on dense models."""
+
+    num_experts: int
+    top_k: int  # experts per token (`num_experts_per_tok`)
+    moe_intermediate_size: int  # per routed expert
+    norm_topk_prob: bool  # renormalise the top-k softmax weights to sum 1 (Mixtral: always)
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's sigmoid-gated shared expert; 0: none
+    decoder_sparse_step: int = 1  # layer i is sparse when (i + 1) % step == 0 ...
+    mlp_only_layers: tuple[int, ...] = ()  # ... and i is not listed here
+
+    def is_sparse_layer(self, layer_id: int) -> bool:
+        """Whether decoder layer `layer_id` has the MoE MLP (else the dense one), as HF decides."""
+        step = self.decoder_sparse_step
+        return layer_id not in self.mlp_only_layers and step > 0 and (layer_id + 1) % step == 0
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     architecture: str
     hidden_size: int
@@ -51,6 +69,7 @@ class ModelConfig:
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     eos_token_ids: tuple[int, ...] = ()
     dtype: torch.dtype = torch.float32
+    moe: MoEConfig | None = None
 
     @property
     def context_len(self) -> int:
@@ -91,6 +110,7 @@ class ModelConfig:
             rope_scaling=_parse_rope_scaling(scaling_dict),
             eos_token_ids=eos_token_ids or _eos_ids(cfg.get("eos_token_id")),
             dtype=parse_dtype(dtype),
+            moe=_parse_moe(cfg, archs[0]),
         )
 
 
@@ -112,6 +132,24 @@ def _attention_bias(cfg: dict[str, Any], arch: str) -> bool:
 def _o_proj_bias(cfg: dict[str, Any], arch: str) -> bool:
     # HF's `attention_bias` (Llama, Qwen3) biases o_proj too; Qwen2's o_proj never has one.
     return not arch.startswith("Qwen2") and bool(cfg.get("attention_bias", False))
+
+
+def _parse_moe(cfg: dict[str, Any], arch: str) -> MoEConfig | None:
+    # Qwen names the expert count `num_experts`, Mixtral `num_local_experts`; 0 means dense.
+    num_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    if num_experts <= 0:
+        return None
+    is_mixtral = arch.startswith("Mixtral")  # Mixtral always renormalises; its config is silent
+    return MoEConfig(
+        num_experts=num_experts,
+        top_k=int(cfg["num_experts_per_tok"]),
+        # Mixtral's experts are `intermediate_size` wide; Qwen's have their own size.
+        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
+        norm_topk_prob=is_mixtral or bool(cfg.get("norm_topk_prob", False)),
+        shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+        decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
+        mlp_only_layers=tuple(int(i) for i in cfg.get("mlp_only_layers") or ()),
+    )
 
 
 def _eos_ids(value: int | list[int] | None) -> tuple[int, ...]:

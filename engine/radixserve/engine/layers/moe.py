@@ -1,0 +1,178 @@
+"""Mixture-of-experts MLP in plain PyTorch: router top-k, tokens grouped by expert, one
+SiLU-gated MLP per expert, weighted combine; plus Qwen2-MoE's sigmoid gate on a shared expert.
+
+Owns the stacked expert weights (`w13 [E_local, 2I, H]` = gate rows then up rows,
+`w2 [E_local, H, I]`, the layout the Triton fused-MoE kernel takes) and their loading from
+per-expert checkpoint tensors. It is the reference that kernel is measured against. Knows no
+parallel layout: an `ExpertRange` says which experts this module holds (default all); the
+others' share of a token is left out, for expert parallelism to sum across ranks. Runs in the
+scheduler process, inside the model's forward.
+
+Algorithm. The T x top_k (token, choice) pairs are numbered row = t * top_k + j and sorted by
+expert (stable); each expert's contiguous run of rows gathers its tokens, runs
+silu(x Wg^T) * (x Wu^T) W2^T once, scales each row by its router weight and adds it into the
+token's output. Experts with no tokens are skipped; a token never picks one expert twice
+(top-k indices are distinct).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixserve.engine.configs.model_config import MoEConfig
+from radixserve.engine.layers.activation import SiluAndMul
+from radixserve.engine.layers.linear import Linear
+
+# Which third of an expert a checkpoint tensor is: w1 = gate, w3 = up, w2 = down (Mixtral's
+# names; Qwen's gate_proj / up_proj / down_proj map onto them).
+ExpertShard = Literal["w1", "w2", "w3"]
+
+
+class TopKOutput(NamedTuple):
+    """The router's choice per token, best first."""
+
+    weights: torch.Tensor  # [T, top_k] float32
+    ids: torch.Tensor  # [T, top_k] int64, global expert ids, distinct per row
+
+
+class ExpertRange(NamedTuple):
+    """Global expert ids [start, end) held by one module (expert parallelism: a rank's slice)."""
+
+    start: int
+    end: int
+
+    @property
+    def num_local(self) -> int:
+        return self.end - self.start
+
+    def holds(self, expert_id: int) -> bool:
+        return self.start <= expert_id < self.end
+
+
+def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> TopKOutput:
+    """Softmax over experts (float32), then the top_k largest, renormalised to sum 1 when asked.
+
+    router_logits: [T, E]. Qwen-MoE renormalises when `norm_topk_prob`; Mixtral's "top-k of the
+    logits, then softmax over those k" is the same as softmax -> top-k -> renormalise.
+    """
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return TopKOutput(weights, ids)
+
+
+class FusedMoE(nn.Module):
+    """The routed experts of one layer, stacked: w13_weight, w2_weight (HF's [out, in] each)."""
+
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        expert_range: ExpertRange | None = None,
+    ) -> None:
+        super().__init__()
+        rng = expert_range or ExpertRange(0, num_experts)
+        if not 0 <= rng.start < rng.end <= num_experts:
+            raise ValueError(f"expert range {tuple(rng)} is not inside [0, {num_experts})")
+        self.num_experts, self.expert_range = num_experts, rng
+        self.intermediate_size = intermediate_size
+        local = rng.num_local
+        self.w13_weight = nn.Parameter(
+            torch.empty(local, 2 * intermediate_size, hidden_size), requires_grad=False
+        )
+        self.w2_weight = nn.Parameter(
+            torch.empty(local, hidden_size, intermediate_size), requires_grad=False
+        )
+        self.act = SiluAndMul()
+
+    def forward(self, hidden: torch.Tensor, topk: TopKOutput) -> torch.Tensor:
+        """hidden [T, H] → [T, H] (hidden's dtype): Σ over each token's local top-k experts of
+        weight × expert(x). Choices of experts outside `expert_range` add nothing."""
+        num_tokens, top_k = topk.ids.shape
+        out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+        flat_ids = topk.ids.reshape(-1)
+        rows = torch.argsort(flat_ids, stable=True)  # (token, choice) pairs grouped by expert
+        counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
+        flat_weights = topk.weights.reshape(-1)
+        start = 0
+        for expert_id, count in enumerate(counts):
+            expert_rows, start = rows[start : start + count], start + count
+            if count == 0 or not self.expert_range.holds(expert_id):
+                continue
+            tokens = expert_rows // top_k
+            y = self._expert(expert_id - self.expert_range.start, hidden[tokens])
+            out.index_add_(0, tokens, y.float() * flat_weights[expert_rows, None])
+        return out.to(hidden.dtype)
+
+    def _expert(self, local_id: int, x: torch.Tensor) -> torch.Tensor:
+        """One expert's SiLU-gated MLP on its tokens: x [n, H] → [n, H]."""
+        gate_up = F.linear(x, self.w13_weight[local_id])
+        return F.linear(self.act(gate_up), self.w2_weight[local_id])
+
+    def load_expert(self, expert_id: int, shard: ExpertShard, tensor: torch.Tensor) -> bool:
+        """Copy one expert's gate (w1), up (w3) or down (w2) checkpoint matrix into its slot.
+
+        Returns False, copying nothing, for an expert this module does not hold.
+        """
+        if not self.expert_range.holds(expert_id):
+            return False
+        local, inter = expert_id - self.expert_range.start, self.intermediate_size
+        target = {
+            "w1": self.w13_weight.data[local, :inter],
+            "w3": self.w13_weight.data[local, inter:],
+            "w2": self.w2_weight.data[local],
+        }[shard]
+        if target.shape != tensor.shape:
+            raise ValueError(
+                f"expert {expert_id} {shard}: checkpoint shape {tuple(tensor.shape)} ≠ "
+                f"model {tuple(target.shape)}"
+            )
+        target.copy_(tensor)
+        return True
+
+    def load_stacked(
+        self, name: Literal["gate_up_proj", "down_proj"], tensor: torch.Tensor
+    ) -> None:
+        """transformers 5's in-memory layout: all experts in one tensor ([E, 2I, H] gate then up,
+        or [E, H, I]); only this module's experts are copied."""
+        target = self.w13_weight if name == "gate_up_proj" else self.w2_weight
+        part = tensor[self.expert_range.start : self.expert_range.end]
+        if target.shape != part.shape:
+            raise ValueError(f"experts.{name}: checkpoint shape {tuple(tensor.shape)} ≠ model")
+        target.data.copy_(part)
+
+
+class SparseMoeBlock(nn.Module):
+    """The MoE MLP of one decoder layer: `gate` (router, [E, H]), `experts`, and optionally a
+    `shared_expert` (any dense MLP module [T, H] → [T, H], built by the model) every token
+    passes through, scaled by sigmoid(`shared_expert_gate` · x) (Qwen2-MoE)."""
+
+    def __init__(
+        self,
+        moe: MoEConfig,
+        hidden_size: int,
+        shared_expert: nn.Module | None = None,
+        expert_range: ExpertRange | None = None,
+    ) -> None:
+        super().__init__()
+        self.top_k, self.renormalize = moe.top_k, moe.norm_topk_prob
+        self.gate = Linear(hidden_size, moe.num_experts, bias=False)
+        self.experts = FusedMoE(
+            moe.num_experts, hidden_size, moe.moe_intermediate_size, expert_range
+        )
+        self.shared_expert = shared_expert
+        self.shared_expert_gate = Linear(hidden_size, 1, bias=False) if shared_expert else None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [T, H] → [T, H]."""
+        topk = select_experts(self.gate(hidden), self.top_k, self.renormalize)
+        out = self.experts(hidden, topk)
+        if self.shared_expert is not None and self.shared_expert_gate is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(hidden)) * self.shared_expert(hidden)
+        return out
