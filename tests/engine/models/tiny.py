@@ -1,4 +1,5 @@
-"""Tiny random-weight HF checkpoints (Llama / Qwen2 / Qwen3) and logits from both sides.
+"""Tiny random-weight HF checkpoints (Llama / Qwen2 / Qwen3, and the MoE Qwen3-MoE / Mixtral /
+Qwen2-MoE) and logits from both sides.
 
 `save_tiny` builds a model with transformers, perturbs every parameter (HF initialises norms
 to one and biases to zero, which would hide bugs in those paths), and writes it with a
@@ -29,6 +30,22 @@ BASE = {
 }
 
 
+# 8 experts, top-2 (MOE_KINDS add their own switches on top)
+MOE = {"num_experts_per_tok": 2, "moe_intermediate_size": 32}
+MOE_KINDS: dict[str, dict[str, Any]] = {
+    # layer 1 dense (mlp_only_layers): sparse and dense MLPs in one model; renormalised top-k
+    "qwen3_moe": {**MOE, "num_experts": 8, "norm_topk_prob": True, "mlp_only_layers": [1]},
+    "mixtral": {"num_experts_per_tok": 2, "num_local_experts": 8, "intermediate_size": 32},
+    # shared expert + sigmoid gate on both layers; top-k weights not renormalised
+    "qwen2_moe": {
+        **MOE,
+        "num_experts": 8,
+        "norm_topk_prob": False,
+        "shared_expert_intermediate_size": 48,
+    },
+}
+
+
 def _perturb(model: torch.nn.Module, seed: int) -> None:
     """Weights/biases ~ N(0, 0.15); norm weights ~ 1 + N(0, 0.2) (never all ones)."""
     gen = torch.Generator().manual_seed(seed)
@@ -49,17 +66,21 @@ def _save_tokenizer(folder: Path) -> None:
 
 
 def save_tiny(kind: str, folder: Path, seed: int = 0, **overrides: Any) -> Any:
-    """Create, perturb and save a tiny `kind` ("llama" | "qwen2" | "qwen3") model; return the
-    HF model (float32, eval) as the oracle."""
+    """Create, perturb and save a tiny `kind` ("llama" | "qwen2" | "qwen3", or a MOE_KINDS
+    name with its MoE switches) model; return the HF model (float32, eval) as the oracle."""
     import transformers as tf
 
     config_cls, model_cls = {
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
         "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
         "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
+        "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM),
+        "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM),
+        "qwen2_moe": (tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM),
     }[kind]
     torch.manual_seed(seed)
-    model = model_cls(config_cls(**{**BASE, **overrides})).float().eval()
+    config = {**BASE, **MOE_KINDS.get(kind, {}), **overrides}
+    model = model_cls(config_cls(**config)).float().eval()
     _perturb(model, seed)
     model.save_pretrained(str(folder), safe_serialization=True)
     _save_tokenizer(folder)
