@@ -94,7 +94,7 @@ class FusedMoE(nn.Module):
     def forward(self, hidden: torch.Tensor, topk: TopKOutput) -> torch.Tensor:
         """hidden [T, H] → [T, H] (hidden's dtype): Σ over each token's local top-k experts of
         weight × expert(x). Choices of experts outside `expert_range` add nothing."""
-        num_tokens, top_k = topk.ids.shape
+        top_k = topk.ids.shape[1]
         out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
         flat_ids = topk.ids.reshape(-1)
         rows = torch.argsort(flat_ids, stable=True)  # (token, choice) pairs grouped by expert
