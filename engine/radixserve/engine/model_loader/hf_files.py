@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from radixserve.engine.model_loader.weight import LazyWeight
+
 
 def read_hf_config(folder: Path) -> dict[str, Any]:
     with open(folder / "config.json") as f:
@@ -41,3 +43,17 @@ def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
                 yield name, f.get_tensor(name)
+
+
+def iter_safetensors_lazy(folder: Path) -> Iterator[tuple[str, LazyWeight]]:
+    """Like `iter_safetensors`, but each tensor is read only when (and as far as) the model
+    slices it; a handle is valid until the iterator advances to the next file."""
+    from safetensors import safe_open  # heavy optional dependency of the engine extra
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {folder}")
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                yield name, LazyWeight(f.get_slice(name))

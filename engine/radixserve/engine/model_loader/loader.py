@@ -15,6 +15,7 @@ import torch
 from radixserve.engine.configs.model_config import ModelConfig
 from radixserve.engine.model_loader import gguf_files, hf_files
 from radixserve.engine.model_loader.source import ModelSource
+from radixserve.engine.model_loader.weight import Weight
 
 WeightIterator = Iterator[tuple[str, torch.Tensor]]
 
@@ -25,6 +26,9 @@ class LoadedModelFiles:
     config: ModelConfig
     hf_config: dict[str, Any]
     weights: Callable[[], WeightIterator]  # a fresh iterator on each call
+    # Tensors read on demand (tensor parallelism: each rank reads its slices); GGUF yields
+    # dequantized whole tensors here too, which the model slices.
+    sharded_weights: Callable[[], Iterator[tuple[str, Weight]]]
 
 
 def load_model_files(source: ModelSource, dtype: str | torch.dtype) -> LoadedModelFiles:
@@ -35,6 +39,8 @@ def load_model_files(source: ModelSource, dtype: str | torch.dtype) -> LoadedMod
         def weights() -> WeightIterator:
             return gguf_files.iter_gguf_tensors(source.path, hf_config)
 
+        sharded: Callable[[], Iterator[tuple[str, Weight]]] = weights
+
     else:
         hf_config = hf_files.read_hf_config(source.path)
         eos = hf_files.read_eos_token_ids(source.path, hf_config)
@@ -42,8 +48,17 @@ def load_model_files(source: ModelSource, dtype: str | torch.dtype) -> LoadedMod
         def weights() -> WeightIterator:
             return hf_files.iter_safetensors(source.path)
 
+        def sharded() -> Iterator[tuple[str, Weight]]:
+            return hf_files.iter_safetensors_lazy(source.path)
+
     config = ModelConfig.from_hf_dict(hf_config, dtype=dtype, eos_token_ids=eos)
-    return LoadedModelFiles(source=source, config=config, hf_config=hf_config, weights=weights)
+    return LoadedModelFiles(
+        source=source,
+        config=config,
+        hf_config=hf_config,
+        weights=weights,
+        sharded_weights=sharded,
+    )
 
 
 def load_tokenizer(source: ModelSource) -> Any:

@@ -1,0 +1,19 @@
+"""Process groups of one engine (world, TP, attention-TP/DP, EP, CPU control group)."""
+
+from __future__ import annotations
+
+from radixserve.engine.distributed.group import GroupHandle
+from radixserve.engine.distributed.parallel_state import (
+    ParallelGroups,
+    RankSpec,
+    destroy_parallel_groups,
+    init_parallel_groups,
+)
+
+__all__ = [
+    "GroupHandle",
+    "ParallelGroups",
+    "RankSpec",
+    "destroy_parallel_groups",
+    "init_parallel_groups",
+]

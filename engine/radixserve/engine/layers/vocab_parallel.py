@@ -1,0 +1,84 @@
+"""Vocab-parallel embedding and LM head: the vocabulary is padded to a multiple of tp and
+split in contiguous row blocks; the embedding all-reduces masked lookups, the LM head
+all-gathers each rank's logits and drops the padding.
+
+Runs in every scheduler process; with a TP group of size 1 these are the plain layers.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixserve.engine.distributed import GroupHandle
+from radixserve.engine.model_loader.weight import Weight, read_slice, weight_shape
+
+
+def padded_vocab_size(vocab_size: int, tp_size: int) -> int:
+    return -(-vocab_size // tp_size) * tp_size
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rows [rank·V_local, (rank+1)·V_local) of the (padded) embedding matrix."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, tp: GroupHandle) -> None:
+        super().__init__()
+        self.tp = tp
+        self.vocab_size = vocab_size
+        self.num_local = padded_vocab_size(vocab_size, tp.size) // tp.size
+        self.start = tp.rank * self.num_local
+        self.weight = nn.Parameter(torch.zeros(self.num_local, hidden_size), requires_grad=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids: [T] int64 → [T, hidden]."""
+        if self.tp.size == 1:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.start
+        outside = (local < 0) | (local >= self.num_local)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out.masked_fill_(outside.unsqueeze(-1), 0)
+        return self.tp.all_reduce(out)
+
+    def load_full(self, w: Weight, is_bias: bool = False) -> None:
+        load_vocab_rows(self.weight, w, self.start, self.vocab_size)
+
+
+def load_vocab_rows(param: torch.Tensor, w: Weight, start: int, vocab_size: int) -> None:
+    """Copy rows [start, start + len(param)) of w; padding rows past the vocabulary stay 0."""
+    if weight_shape(w)[0] != vocab_size:
+        raise ValueError(f"vocab matrix has {weight_shape(w)[0]} rows, vocab is {vocab_size}")
+    n = max(0, min(param.shape[0], vocab_size - start))
+    if n:
+        param.data[:n].copy_(read_slice(w, 0, start, n))
+
+
+class ParallelLMHead(nn.Module):
+    """hidden → full-vocabulary logits; `tie_to` shares the embedding's shard."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        tp: GroupHandle,
+        tie_to: VocabParallelEmbedding | None,
+    ) -> None:
+        super().__init__()
+        self.tp = tp
+        self.vocab_size = vocab_size
+        num_local = padded_vocab_size(vocab_size, tp.size) // tp.size
+        self.start = tp.rank * num_local
+        if tie_to is not None:
+            self.weight = tie_to.weight
+        else:
+            self.weight = nn.Parameter(torch.zeros(num_local, hidden_size), requires_grad=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [B, hidden] → logits [B, vocab] (all-gathered over the group)."""
+        local = F.linear(hidden, self.weight)
+        if self.tp.size == 1:
+            return local
+        return self.tp.all_gather(local, dim=-1)[:, : self.vocab_size]
+
+    def load_full(self, w: Weight, is_bias: bool = False) -> None:
+        load_vocab_rows(self.weight, w, self.start, self.vocab_size)
