@@ -1,0 +1,160 @@
+"""The router benchmark's traffic: tenants with shared prefixes, an arrival order, one client.
+
+Each of `tenants` tenants has a prefix of `prefix_len` units (words for text prompts, token ids
+for id prompts); each of its `per_tenant` requests appends a question of `question_len` units.
+Arrival orders:
+- `interleaved`: round i sends one request of every tenant, the tenant order rotated by i (so
+  round-robin never pins a tenant by accident);
+- `random`: all requests shuffled (seeded);
+- `bursty`: every request of one tenant, then the next tenant's (tenants in a seeded order), so
+  a tenant's requests are in flight together and none of its prefix is cached yet.
+Text prompts go to `/generate` as `text` (every router can read them, sglang-router included);
+the engines' `meta_info` gives prompt and cached tokens. Runs in the benchmark's process only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import httpx
+
+ORDERS = ("interleaved", "random", "bursty")
+Order = Literal["interleaved", "random", "bursty"]
+PromptForm = Literal["text", "ids"]
+SESSION_HEADER = "x-session-id"
+_SYLLABLES = tuple(c + v for c in "bdfgklmnprstvz" for v in "aeiou")
+
+
+@dataclass(frozen=True, slots=True)
+class TenantWorkload:
+    tenants: int = 6
+    per_tenant: int = 8
+    prefix_len: int = 600
+    question_len: int = 32
+    output_len: int = 8
+    order: Order = "interleaved"
+    prompt_form: PromptForm = "text"
+    seed: int = 1
+    vocab_size: int = 49152
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRequest:
+    tenant: int
+    prompt: str | list[int]
+    output_len: int
+
+
+@dataclass(slots=True)
+class TenantResult:
+    tenant: int
+    ok: bool = False
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    ttft_s: float = 0.0
+    latency_s: float = 0.0
+    error: str = ""
+
+
+def _units(rng: random.Random, n: int, cfg: TenantWorkload) -> list[str] | list[int]:
+    if cfg.prompt_form == "ids":  # skip low ids, where tokenizers keep special tokens
+        return [rng.randrange(100, cfg.vocab_size) for _ in range(n)]
+    return ["".join(rng.choices(_SYLLABLES, k=rng.randint(1, 3))) for _ in range(n)]
+
+
+def _prompt(prefix: list[str] | list[int], question: list[str] | list[int]) -> str | list[int]:
+    if prefix and isinstance(prefix[0], str):
+        return " ".join(str(u) for u in [*prefix, *question])
+    return [int(u) for u in [*prefix, *question]]
+
+
+def build_requests(cfg: TenantWorkload) -> list[TenantRequest]:
+    """Every tenant's requests, in the arrival order of `cfg.order`."""
+    rng = random.Random(cfg.seed)
+    by_tenant: list[list[TenantRequest]] = []
+    for t in range(cfg.tenants):
+        prefix = _units(rng, cfg.prefix_len, cfg)
+        by_tenant.append(
+            [
+                TenantRequest(
+                    t, _prompt(prefix, _units(rng, cfg.question_len, cfg)), cfg.output_len
+                )
+                for _ in range(cfg.per_tenant)
+            ]
+        )
+    if cfg.order == "interleaved":
+        n = cfg.tenants
+        return [by_tenant[(k + i) % n][i] for i in range(cfg.per_tenant) for k in range(n)]
+    if cfg.order == "bursty":
+        tenants = list(range(cfg.tenants))
+        rng.shuffle(tenants)
+        return [r for t in tenants for r in by_tenant[t]]
+    flat = [r for reqs in by_tenant for r in reqs]
+    rng.shuffle(flat)
+    return flat
+
+
+async def _send(
+    client: httpx.AsyncClient, url: str, req: TenantRequest, pinned: bool
+) -> TenantResult:
+    key = "text" if isinstance(req.prompt, str) else "input_ids"
+    body = {
+        key: req.prompt,
+        "stream": True,
+        "sampling_params": {"max_new_tokens": req.output_len, "temperature": 0, "ignore_eos": True},
+    }
+    headers = {SESSION_HEADER: f"tenant-{req.tenant}"} if pinned else None
+    res, start = TenantResult(req.tenant), time.perf_counter()
+    try:
+        async with client.stream("POST", url + "/generate", json=body, headers=headers) as r:
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return res
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                meta = json.loads(line[6:]).get("meta_info") or {}
+                res.ttft_s = res.ttft_s or time.perf_counter() - start
+                res.prompt_tokens = int(meta.get("prompt_tokens") or res.prompt_tokens)
+                res.cached_tokens = int(meta.get("cached_tokens") or 0)
+                res.ok = int(meta.get("completion_tokens") or 0) > 0
+        res.latency_s = time.perf_counter() - start
+    except httpx.HTTPError as exc:
+        res.error = f"{type(exc).__name__}: {exc}"
+    return res
+
+
+async def run_traffic(
+    url: str, reqs: list[TenantRequest], concurrency: int, pinned: bool
+) -> tuple[list[TenantResult], float]:
+    """Send `reqs` in order with at most `concurrency` in flight; results and seconds taken."""
+    limit = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(900.0)) as client:
+
+        async def one(req: TenantRequest) -> TenantResult:
+            async with limit:
+                return await _send(client, url, req, pinned)
+
+        start = time.perf_counter()
+        tasks = []
+        for req in reqs:  # start in arrival order: each waits for a slot in that order
+            tasks.append(asyncio.ensure_future(one(req)))
+            await asyncio.sleep(0)
+        results = await asyncio.gather(*tasks)
+        return list(results), time.perf_counter() - start
+
+
+def engine_requests(urls: list[str]) -> list[int]:
+    """Finished requests per engine (`radixserve:num_requests_total`), for the spread."""
+    out = []
+    for u in urls:
+        text = httpx.get(u + "/metrics", timeout=10).text
+        values = re.findall(r"^radixserve:num_requests_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)
+        out.append(int(sum(float(v) for v in values)))
+    return out
