@@ -130,7 +130,9 @@ def test_the_hpa_scales_the_inferenceservice_on_a_pods_metric(metric: str) -> No
 
 
 def test_quantities_are_what_the_api_server_writes() -> None:
-    assert [quantity(v) for v in (8, 8.0, 0.7, 2.5, 0.05)] == ["8", "8", "700m", "2500m", "50m"]
+    values = (8, 8.0, 0.7, 2.5, 0.05, 1000, 1200, 2_000_000)
+    expected = ["8", "8", "700m", "2500m", "50m", "1k", "1200", "2M"]
+    assert [quantity(v) for v in values] == expected
 
 
 @pytest.mark.parametrize(("asked", "runs"), [(1, 2), (4, 4), (9, 6)])

@@ -54,6 +54,9 @@ def test_hpa_is_created_owned_patched_and_follows_suspend() -> None:
             )
             assert _target(patched) == "4"
             assert patched["metadata"]["uid"] == hpa["metadata"]["uid"]  # patched, not replaced
+            patches = k8s.requests("PATCH", "/horizontalpodautoscalers/chat")
+            await asyncio.sleep(1.5)  # three resync passes over a settled HPA
+            assert k8s.requests("PATCH", "/horizontalpodautoscalers/chat") == patches
 
             await k8s.send("PATCH", f"{ISVCS}/chat", {"spec": {"suspend": True}})
 

@@ -69,11 +69,17 @@ METRICS = MappingProxyType(
 
 
 def quantity(value: float) -> str:
-    """A Kubernetes quantity for `value`: whole numbers as is, others in milli-units (0.7 →
-    700m), the form the API server itself writes back."""
-    if float(value).is_integer():
-        return str(int(value))
-    return f"{round(value * 1000)}m"
+    """`value` as the canonical Kubernetes quantity the API server writes back (so a settled
+    HPA compares equal and is not patched on every pass): milli-units for fractions (0.7 →
+    700m), otherwise the largest decimal suffix that keeps an integer (2000 → 2k)."""
+    milli = round(value * 1000)
+    if milli % 1000:
+        return f"{milli}m"
+    whole, suffixes = milli // 1000, ("", "k", "M", "G", "T", "P", "E")
+    step = 0
+    while whole and whole % 1000 == 0 and step < len(suffixes) - 1:
+        whole, step = whole // 1000, step + 1
+    return f"{whole}{suffixes[step]}"
 
 
 def hpa_name(owner: str) -> str:
