@@ -1,5 +1,5 @@
-"""KV-event wire format: typed round trip, the raw msgpack layout SGLang subscribers parse,
-and the 8-byte sequence-number frames."""
+"""KV-event wire format: typed round trip, the raw msgpack layouts (tagged maps by default,
+SGLang 0.5.6 arrays on request), lenient decoding, and the 8-byte sequence-number frames."""
 
 from __future__ import annotations
 
@@ -55,8 +55,23 @@ def test_round_trip_without_rank_decodes_rank_none() -> None:
 # ---- raw layout (SGLang wire compatibility) --------------------------------------------------
 
 
-def test_raw_layout_is_tagged_arrays() -> None:
+def test_raw_layout_is_an_array_batch_of_tagged_maps() -> None:
     raw = msgspec.msgpack.decode(encode_batch(_batch()))
+    stored = {"lora_id": None, "medium": None, "lora_name": None}
+    assert raw == [
+        1712345678.25,
+        [
+            {"type": "BlockStored", "block_hashes": [H1], "parent_block_hash": H2,
+             "token_ids": [10, 11, 12, 13], "block_size": 4, **stored},
+            {"type": "BlockRemoved", "block_hashes": [H3], "medium": None},
+            {"type": "AllBlocksCleared"},
+        ],
+        3,
+    ]  # fmt: skip
+
+
+def test_array_format_is_sglang_056s_tagged_arrays() -> None:
+    raw = msgspec.msgpack.decode(encode_batch(_batch(), "array"))
     assert raw == [
         1712345678.25,
         [
@@ -66,21 +81,19 @@ def test_raw_layout_is_tagged_arrays() -> None:
         ],
         3,
     ]
-
-
-def test_raw_layout_keeps_none_parent_and_appends_lora_id() -> None:
     batch = KVEventBatch(2.0, [BlockStored([H1], None, [7], 1, lora_id=5)], 0)
-    raw = msgspec.msgpack.decode(encode_batch(batch))
-    assert raw[1] == [["BlockStored", [H1], None, [7], 1, 5]]
-    assert raw[2] == 0  # rank 0 is not the default and must be sent
+    assert msgspec.msgpack.decode(encode_batch(batch, "array"))[1] == [
+        ["BlockStored", [H1], None, [7], 1, 5]
+    ]
+    assert decode_batch(encode_batch(_batch(), "array")) == _batch()
+    with pytest.raises(ValueError, match="event_format"):
+        encode_batch(_batch(), "json")  # type: ignore[arg-type]
 
 
-def test_raw_layout_sends_none_rank_and_lora_id_explicitly() -> None:
-    # msgspec ignores omit_defaults for array_like structs (jcrist/msgspec#720), so stock
-    # SGLang sends these trailing Nones too; subscribers must accept them.
+def test_rank_zero_and_none_are_sent_explicitly() -> None:
+    assert msgspec.msgpack.decode(encode_batch(_batch(rank=0)))[2] == 0
     raw = msgspec.msgpack.decode(encode_batch(_batch(rank=None)))
     assert len(raw) == 3 and raw[2] is None
-    assert len(raw[1][0]) == 6 and raw[1][0][5] is None
 
 
 def test_short_arrays_without_trailing_defaults_decode() -> None:
@@ -108,9 +121,20 @@ def test_hand_built_sglang_payload_decodes() -> None:
 
 
 def test_unknown_event_tag_is_rejected() -> None:
-    payload = msgspec.msgpack.encode([1.0, [["BlockEvicted", [H1]]], 0])
+    for event in (["BlockEvicted", [H1]], {"type": "BlockEvicted"}, 7):
+        with pytest.raises(msgspec.ValidationError):
+            decode_batch(msgspec.msgpack.encode([1.0, [event], 0]))
     with pytest.raises(msgspec.ValidationError):
-        decode_batch(payload)
+        decode_batch(msgspec.msgpack.encode("not a batch"))
+    with pytest.raises(msgspec.ValidationError):  # a field of the wrong type still fails
+        decode_batch(msgspec.msgpack.encode([1.0, [{"type": "BlockRemoved", "block_hashes": "x"}]]))
+
+
+def test_mixed_array_and_map_events_in_one_batch_decode() -> None:
+    payload = msgspec.msgpack.encode(
+        [1.0, [["BlockRemoved", [H1]], {"type": "BlockRemoved", "block_hashes": [H2], "x": 1}]]
+    )
+    assert decode_batch(payload).events == [BlockRemoved([H1]), BlockRemoved([H2])]
 
 
 def test_int64_extremes_survive_the_wire() -> None:
