@@ -114,7 +114,10 @@ def test_unknown_kwarg_is_rejected_by_name() -> None:
         ({"tp_size": 0}, "tp_size"),
         ({"tp_size": 4, "dp_size": 3, "enable_dp_attention": True}, "dp_size"),
         ({"tp_size": 2, "dp_size": 2, "ep_size": 8}, "ep_size"),
-        ({"tp_size": 2}, "tp_size"),  # valid shape, but only 1 runs in this build
+        # valid shapes, but only tp runs in this build
+        ({"tp_size": 2, "dp_size": 2}, "dp_size"),
+        ({"tp_size": 2, "ep_size": 2}, "ep_size"),
+        ({"tp_size": 2, "enable_dp_attention": True}, "enable_dp_attention"),
     ],
 )
 def test_parallelism_is_checked_and_refused_until_implemented(
@@ -122,6 +125,10 @@ def test_parallelism_is_checked_and_refused_until_implemented(
 ) -> None:
     with pytest.raises(ValueError, match=f"^{field}:"):
         ServerArgs.from_kwargs(**kwargs)
+
+
+def test_tensor_parallelism_is_accepted() -> None:
+    assert ServerArgs.from_kwargs(tp_size=4).tp_size == 4
 
 
 def test_all_unknown_kwargs_are_listed() -> None:

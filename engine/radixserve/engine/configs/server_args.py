@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from radixserve.engine.configs.model_config import ModelConfig
+
 POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 EVICTION_POLICIES = ("lru", "lfu", "fifo")
@@ -41,7 +43,7 @@ class ServerArgs:
     # them, so enabling them without a port is refused (they would grow without bound).
     enable_kv_events: bool = False
     attention_backend: str = "torch"
-    # parallelism: accepted so deployments can state them; only 1 runs in this build
+    # parallelism: tp runs (one scheduler process per rank); dp / ep / DP attention are refused
     tp_size: int = 1
     dp_size: int = 1
     ep_size: int = 1
@@ -126,12 +128,20 @@ class ServerArgs:
             "ep_size",
             f"must be ≤ tp_size × dp_size, got {self.ep_size}",
         )
-        parallel = (self.tp_size, self.dp_size, self.ep_size, self.enable_dp_attention)
         _check(
-            parallel == (1, 1, 1, False),
-            "tp_size",
-            "tensor, data and expert parallelism are not implemented in this build yet "
-            f"(tp={self.tp_size}, dp={self.dp_size}, ep={self.ep_size})",
+            self.dp_size == 1,
+            "dp_size",
+            f"data parallelism is not implemented in this build yet (dp={self.dp_size})",
+        )
+        _check(
+            self.ep_size == 1,
+            "ep_size",
+            f"expert parallelism is not implemented in this build yet (ep={self.ep_size})",
+        )
+        _check(
+            not self.enable_dp_attention,
+            "enable_dp_attention",
+            "DP attention is not implemented in this build yet",
         )
 
     @property
@@ -158,6 +168,35 @@ class ServerArgs:
         if unknown:
             raise ValueError(f"unknown engine argument(s): {unknown}")
         return cls(**kwargs)
+
+
+def check_tp_layout(config: ModelConfig, tp_size: int) -> None:
+    """Refuse a TP size the model's heads cannot be split over (ValueError naming tp_size):
+    attention heads must divide evenly; KV heads must divide evenly, or divide tp_size (then
+    each KV head is replicated on tp_size / num_kv_heads ranks)."""
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
+    _check(
+        heads % tp_size == 0,
+        "tp_size",
+        f"the model's {heads} attention heads are not divisible by tp_size {tp_size}",
+    )
+    ok = kv % tp_size == 0 if kv >= tp_size else tp_size % kv == 0
+    _check(
+        ok,
+        "tp_size",
+        f"the model's {kv} KV heads can be neither split nor replicated over tp_size "
+        f"{tp_size} (one must divide the other)",
+    )
+
+
+def check_devices(args: ServerArgs, num_cuda_devices: int) -> None:
+    """On CUDA each rank needs its own device (ValueError naming tp_size)."""
+    if args.device.startswith("cuda"):
+        _check(
+            args.tp_size <= num_cuda_devices,
+            "tp_size",
+            f"{args.tp_size} ranks need {args.tp_size} CUDA devices, {num_cuda_devices} visible",
+        )
 
 
 def _check(ok: bool, name: str, message: str) -> None:

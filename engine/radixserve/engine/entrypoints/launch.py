@@ -1,5 +1,5 @@
-"""Starts a replica's child processes (scheduler, detokenizer), waits for the start-up
-handshake, watches them, and shuts them down in order.
+"""Starts a replica's child processes (one scheduler per TP rank, the detokenizer), waits
+for every rank's start-up handshake, watches them, and shuts them down in order.
 
 Children are spawned (not forked: torch and ZMQ state must not be shared), ignore SIGINT
 (the parent owns Ctrl-C) and are SIGKILLed by the kernel if the parent dies.
@@ -10,27 +10,32 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.configs.server_args import ServerArgs, check_devices, check_tp_layout
+from radixserve.engine.distributed import RankSpec
 from radixserve.engine.entrypoints.process_utils import configure_child_logging, die_with_parent
 from radixserve.engine.ipc.channels import PortArgs
+from radixserve.engine.model_loader import load_model_files, resolve_model
 
 logger = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 600.0
 
 
-def _scheduler_main(args: ServerArgs, ports: PortArgs, writer: Any, dp_rank: int) -> None:
+def _scheduler_main(
+    args: ServerArgs, ports: PortArgs, writer: Any, dp_rank: int, rank: RankSpec
+) -> None:
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    configure_child_logging(args.log_level, f"scheduler-{dp_rank}")
+    configure_child_logging(args.log_level, f"scheduler-{dp_rank}-tp{rank.tp_rank}")
     from radixserve.engine.managers.scheduler_process import run_scheduler_process
 
-    run_scheduler_process(args, ports, writer, dp_rank)
+    run_scheduler_process(args, ports, writer, dp_rank, rank)
 
 
 def _detokenizer_main(args: ServerArgs, ports: PortArgs) -> None:
@@ -65,32 +70,63 @@ class ChildProcesses:
                 p.join(1)
 
 
+def check_parallel_layout(args: ServerArgs) -> None:
+    """Refuse, before any process starts, a TP size the model or the machine cannot run
+    (ValueError naming the flag)."""
+    if args.tp_size == 1:
+        return
+    import torch  # the engine extra; only needed to count devices
+
+    check_devices(args, torch.cuda.device_count() if args.device.startswith("cuda") else 0)
+    source = resolve_model(args.model_path, args.revision)
+    check_tp_layout(load_model_files(source, args.resolved_dtype).config, args.tp_size)
+
+
+def free_tcp_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
 def launch_subprocesses(args: ServerArgs) -> ChildProcesses:
-    """Start scheduler + detokenizer; return once the scheduler reports ready."""
+    """Start one scheduler per TP rank + the detokenizer; return once every rank is ready."""
+    check_parallel_layout(args)
     ctx = mp.get_context("spawn")
     ports = PortArgs.create()
-    reader, writer = ctx.Pipe(duplex=False)
-    sched = ctx.Process(
-        target=_scheduler_main,
-        args=(args, ports, writer, 0),
-        name="radixserve-scheduler-0",
-        daemon=True,
-    )
+    dist_port = free_tcp_port("127.0.0.1") if args.tp_size > 1 else 0
+    readers, procs = [], []
+    for tp_rank in range(args.tp_size):
+        reader, writer = ctx.Pipe(duplex=False)
+        rank = RankSpec(tp_rank, args.tp_size, dist_port)
+        readers.append(reader)
+        procs.append(
+            ctx.Process(
+                target=_scheduler_main,
+                args=(args, ports, writer, 0, rank),
+                name=f"radixserve-scheduler-0-tp{tp_rank}",
+                daemon=True,
+            )
+        )
     detok = ctx.Process(
         target=_detokenizer_main, args=(args, ports), name="radixserve-detokenizer", daemon=True
     )
-    children = ChildProcesses(ports, {}, [sched, detok])
-    sched.start()
-    detok.start()
+    children = ChildProcesses(ports, {}, [*procs, detok])
+    for p in children.procs:
+        p.start()
+    infos = [_wait_ready(children, reader) for reader in readers]
+    children.scheduler_info = infos[0]
+    logger.info("scheduler ready %s", infos[0])
+    return children
+
+
+def _wait_ready(children: ChildProcesses, reader: Any) -> dict[str, Any]:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while not reader.poll(0.5):
         if children.dead() or time.monotonic() > deadline:
             children.shutdown()
             raise RuntimeError("scheduler process died or timed out during start-up; see its log")
-    info = reader.recv()
+    info: dict[str, Any] = reader.recv()
     if info.get("status") != "ready":
         children.shutdown()
         raise RuntimeError(f"scheduler failed to start: {info.get('message')}")
-    children.scheduler_info = info
-    logger.info("scheduler ready %s", info)
-    return children
+    return info

@@ -254,7 +254,9 @@ class Scheduler:
         def forward(input_ids: torch.Tensor) -> SampleOutput:
             fb.input_ids = input_ids
             logits = self.runner.forward(fb).next_token_logits
-            return self.sampler.sample(logits, info, nums if any(nums) else None)
+            out = self.sampler.sample(logits, info, nums if any(nums) else None)
+            self.runner.sync_sampled(out.next_token_ids)
+            return out
 
         if self.worker is None:
             out = forward(self.future_map.resolve(fb.input_ids))

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.configs.server_args import ServerArgs, check_tp_layout
+from radixserve.engine.distributed import ParallelGroups
 from radixserve.engine.ipc.messages import TokenizedGenerateReq
 from radixserve.engine.managers.req import Req, StopCriteria
 from radixserve.engine.managers.scheduler import Scheduler
@@ -42,7 +43,12 @@ class SchedulerCore:
     runner: ModelRunner
     scheduler: Scheduler
 
-    def __init__(self, args: ServerArgs, reuse: SchedulerCore | None = None) -> None:
+    def __init__(
+        self,
+        args: ServerArgs,
+        reuse: SchedulerCore | None = None,
+        groups: ParallelGroups | None = None,
+    ) -> None:
         self.server_args = args
         torch.manual_seed(args.random_seed)
         self.source: ModelSource
@@ -57,7 +63,9 @@ class SchedulerCore:
             self.files = load_model_files(self.source, args.resolved_dtype)
             self.tokenizer = load_tokenizer(self.source)
         self.model_config = self.files.config
-        self.runner = ModelRunner(args, self.files, model)
+        if groups is not None and groups.tp.size > 1:
+            check_tp_layout(self.files.config, groups.tp.size)
+        self.runner = ModelRunner(args, self.files, model, groups)
         eos = set(self.files.config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(int(self.tokenizer.eos_token_id))

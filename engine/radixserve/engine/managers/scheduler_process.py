@@ -2,21 +2,31 @@
 streams token-id outputs to the detokenizer (and control replies to the tokenizer manager).
 
 Loop: drain inputs (block briefly only when idle) → dispatch by message type → one
-scheduling step → publish KV events → send outputs. One scheduler process today (rank 0); the
-model, tokenizer and Scheduler come from `SchedulerCore`.
+scheduling step → publish KV events → send outputs. One process per TP rank: rank 0 reads
+the channel and broadcasts each round's inputs to its peers (`tp_broadcast`); only rank 0
+sends outputs and publishes KV events. Model, tokenizer and Scheduler come from
+`SchedulerCore`.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
+import torch
 import zmq
 
 from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.distributed import (
+    ParallelGroups,
+    RankSpec,
+    destroy_parallel_groups,
+    init_parallel_groups,
+)
 from radixserve.engine.ipc.channels import PortArgs, PullChannel, PushChannel
 from radixserve.engine.ipc.messages import (
     AbortReq,
@@ -31,6 +41,13 @@ from radixserve.engine.ipc.messages import (
 from radixserve.engine.managers.kv_event_publisher import ZmqKVEventPublisher
 from radixserve.engine.managers.req import Req
 from radixserve.engine.managers.scheduler_core import SchedulerCore
+from radixserve.engine.managers.tp_broadcast import (
+    BroadcastSource,
+    ChannelSource,
+    DiscardSender,
+    RequestSource,
+    Sender,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +56,9 @@ IDLE_POLL_MS = 20
 
 @dataclass(frozen=True, slots=True)
 class SchedulerChannels:
-    recv: PullChannel
-    to_detokenizer: PushChannel
-    to_tokenizer: PushChannel
+    recv: RequestSource
+    to_detokenizer: Sender
+    to_tokenizer: Sender
 
 
 class SchedulerLoop:
@@ -68,8 +85,7 @@ class SchedulerLoop:
         """Serve until the process is terminated (the parent stops children by signal)."""
         while True:
             idle = not self.scheduler.has_work()
-            first = self.ch.recv.recv(IDLE_POLL_MS if idle else 0)
-            msgs = [first, *self.ch.recv.drain()] if first is not None else []
+            msgs = self.ch.recv.poll(IDLE_POLL_MS if idle else 0)
             for msg in msgs:
                 self.handlers[type(msg)](msg)
             updated = self.scheduler.step() if self.scheduler.has_work() else []
@@ -145,34 +161,75 @@ _OUTPUT_FIELDS = (
 )
 
 
-def run_scheduler_process(
-    args: ServerArgs, ports: PortArgs, ready: Connection, dp_rank: int = 0
-) -> None:
-    """Process entry point: build model + scheduler, report readiness, serve forever."""
+def rank_args(args: ServerArgs, rank: RankSpec) -> ServerArgs:
+    """This rank's view: its own CUDA device; KV events only on rank 0 (peers' trees are the
+    same, and nothing would drain their events)."""
     if args.kv_events_port is not None and not args.enable_kv_events:
         args = replace(args, enable_kv_events=True)
+    if args.device.startswith("cuda") and rank.tp_size > 1:
+        args = replace(args, device=f"cuda:{rank.tp_rank}")
+    if not rank.is_first:
+        args = replace(args, enable_kv_events=False, kv_events_port=None)
+    return args
+
+
+def _channels(ctx: zmq.Context[Any], ports: PortArgs, groups: ParallelGroups) -> SchedulerChannels:
+    def pull() -> PullChannel:
+        return PullChannel(ctx, ports.scheduler_input, bind=False, msg_type=SchedulerInput)
+
+    if groups.tp.size == 1:
+        recv: RequestSource = ChannelSource(pull())
+    else:
+        recv = BroadcastSource(pull() if groups.tp.is_first else None, groups.cpu)
+    if not groups.tp.is_first:
+        return SchedulerChannels(recv, DiscardSender(), DiscardSender())
+    return SchedulerChannels(
+        recv=recv,
+        to_detokenizer=PushChannel(ctx, ports.detokenizer_input, bind=False),
+        to_tokenizer=PushChannel(ctx, ports.tokenizer_input, bind=False),
+    )
+
+
+def _set_cpu_threads(args: ServerArgs, rank: RankSpec) -> None:
+    # Ranks on one CPU share its cores: without a cap each would start one thread per core.
+    if args.device == "cpu" and rank.tp_size > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // rank.tp_size))
+
+
+def run_scheduler_process(
+    args: ServerArgs,
+    ports: PortArgs,
+    ready: Connection,
+    dp_rank: int = 0,
+    rank: RankSpec | None = None,
+) -> None:
+    """Process entry point: join the TP group, build model + scheduler, report readiness,
+    serve forever."""
+    rank = rank or RankSpec()
+    args = rank_args(args, rank)
+    _set_cpu_threads(args, rank)
     ctx = zmq.Context()
     publisher = None
     try:
         if args.kv_events_port is not None:  # bind first: a taken port fails fast
             publisher = ZmqKVEventPublisher(args.host, args.kv_events_port, dp_rank, ctx=ctx)
-        core = SchedulerCore(args)
+        groups = init_parallel_groups(rank, torch.device(args.device))
+        core = SchedulerCore(args, groups=groups)
     except Exception as exc:  # report start-up failure to the parent instead of hanging it
         logger.exception("scheduler start-up failed")
         if publisher is not None:
             publisher.close()
         ready.send({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
         return
-    channels = SchedulerChannels(
-        recv=PullChannel(ctx, ports.scheduler_input, bind=False, msg_type=SchedulerInput),
-        to_detokenizer=PushChannel(ctx, ports.detokenizer_input, bind=False),
-        to_tokenizer=PushChannel(ctx, ports.tokenizer_input, bind=False),
-    )
+    channels = _channels(ctx, ports, groups)
     sched = core.scheduler
-    ready.send({"status": "ready", "dp_rank": dp_rank, **core.context_info()})
+    ready.send(
+        {"status": "ready", "dp_rank": dp_rank, "tp_rank": rank.tp_rank, **core.context_info()}
+    )
     flush = publisher.make_flush(lambda: sched.tree_cache) if publisher is not None else None
     try:
         SchedulerLoop(core, channels, flush).run()
     finally:
         if publisher is not None:
             publisher.close()
+        destroy_parallel_groups(groups)

@@ -1,6 +1,9 @@
 """ModelRunner: loads weights, sizes and owns the KV pools and the allocator, runs the forward.
 
-One per scheduler process (rank). The scheduler builds a ForwardBatch from its ScheduleBatch
+One per scheduler process (rank). Under tensor parallelism it builds the model with the
+rank's `ParallelGroups`, reads only its weight slices, sizes its KV pool for its own KV heads
+(the token count agreed as the minimum over ranks) and makes sampled tokens identical on
+every rank (broadcast from TP rank 0). The scheduler builds a ForwardBatch from its ScheduleBatch
 and calls `forward`, which returns next-token logits; sampling them is the scheduler's (its
 Sampler). Nothing here knows about requests or queues.
 """
@@ -16,7 +19,9 @@ import torch
 from radixserve.engine.attention import create_attention_backend
 from radixserve.engine.configs.model_config import ModelConfig
 from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.distributed import ParallelGroups
 from radixserve.engine.layers.logits_processor import LogitsProcessorOutput
+from radixserve.engine.layers.parallel_linear import kv_head_layout
 from radixserve.engine.mem_cache import MHATokenToKVPool, ReqToTokenPool, create_allocator
 from radixserve.engine.model_executor.forward_batch import ForwardBatch
 from radixserve.engine.model_loader.loader import LoadedModelFiles
@@ -48,9 +53,13 @@ def available_memory_bytes(device: torch.device) -> int:
     raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
 
 
-def compute_pool_sizes(args: ServerArgs, config: ModelConfig, device: torch.device) -> PoolSizes:
+def compute_pool_sizes(
+    args: ServerArgs, config: ModelConfig, device: torch.device, num_kv_heads: int | None = None
+) -> PoolSizes:
+    """Pool sizes for `num_kv_heads` KV heads per token (default: all of the model's)."""
+    heads = num_kv_heads or config.num_key_value_heads
     cell = MHATokenToKVPool.cell_size_bytes(
-        config.num_key_value_heads, config.head_dim, config.num_hidden_layers, config.dtype
+        heads, config.head_dim, config.num_hidden_layers, config.dtype
     )
     if args.max_total_tokens is not None:
         tokens, source = args.max_total_tokens, "max_total_tokens"
@@ -70,14 +79,26 @@ def compute_pool_sizes(args: ServerArgs, config: ModelConfig, device: torch.devi
 
 class ModelRunner:
     def __init__(
-        self, args: ServerArgs, files: LoadedModelFiles, model: CausalLM | None = None
+        self,
+        args: ServerArgs,
+        files: LoadedModelFiles,
+        model: CausalLM | None = None,
+        groups: ParallelGroups | None = None,
     ) -> None:
         self.args = args
         self.model_config = files.config
         self.device = torch.device(args.device)
+        self.groups = groups or ParallelGroups.single(self.device)
         self.model = model if model is not None else self._load_model(files)
-        self.sizes = compute_pool_sizes(args, self.model_config, self.device)
         c = self.model_config
+        self.num_local_kv_heads = kv_head_layout(
+            c.num_key_value_heads, self.groups.tp
+        ).num_local_heads
+        sizes = compute_pool_sizes(args, c, self.device, self.num_local_kv_heads)
+        # Every rank schedules the same batches: all must hold the same number of tokens.
+        tokens = self.groups.cpu.min_int(sizes.max_total_tokens)
+        rows = self.groups.cpu.min_int(sizes.max_num_reqs)
+        self.sizes = PoolSizes(tokens, rows, sizes.source)
         self.req_to_token_pool = ReqToTokenPool(
             self.sizes.max_num_reqs, c.context_len + 4, self.device
         )
@@ -85,7 +106,7 @@ class ModelRunner:
             self.sizes.max_total_tokens,
             args.page_size,
             c.dtype,
-            c.num_key_value_heads,
+            self.num_local_kv_heads,
             c.head_dim,
             c.num_hidden_layers,
             self.device,
@@ -104,9 +125,11 @@ class ModelRunner:
     def _load_model(self, files: LoadedModelFiles) -> CausalLM:
         start = time.perf_counter()
         cls = get_model_class(files.config.architecture)
+        tp = self.groups.tp.size > 1
         with torch.device(self.device):
-            model = cls(files.config)
-        model.load_weights(files.weights())
+            # Single process: the constructor every architecture has (config only).
+            model = cls(files.config, groups=self.groups) if tp else cls(files.config)
+        model.load_weights(files.sharded_weights() if tp else files.weights())
         model.to(dtype=files.config.dtype)
         # Rotary tables stay float32 whatever the model dtype: they are cast per use.
         for name, buf in model.named_buffers():
@@ -125,6 +148,11 @@ class ModelRunner:
         """Free the KV buffers now rather than whenever the runner is collected."""
         self.token_to_kv_pool.k_buffer.clear()
         self.token_to_kv_pool.v_buffer.clear()
+
+    def sync_sampled(self, next_token_ids: torch.Tensor) -> torch.Tensor:
+        """[B] sampled ids → TP rank 0's ids on every rank (in place): ranks must agree on
+        every token or their schedules drift apart."""
+        return self.groups.tp.broadcast(next_token_ids)
 
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         self.attn_backend.init_forward_metadata(forward_batch)

@@ -13,6 +13,7 @@ from torch import nn
 
 if TYPE_CHECKING:  # annotations only: model_executor sits above models in the layers
     from radixserve.engine.layers.logits_processor import LogitsProcessorOutput
+    from radixserve.engine.model_loader.weight import Weight
     from radixserve.engine.model_executor.forward_batch import ForwardBatch
 
 
@@ -24,5 +25,7 @@ class CausalLM(nn.Module, ABC):
         """input_ids, positions: [T] int64 (all new tokens of the batch) → next-token logits."""
 
     @abstractmethod
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy checkpoint tensors (HF names) into the parameters; fail on any left unset."""
+    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
+        """Copy checkpoint tensors (HF names) into the parameters; fail on any left unset.
+
+        Under tensor parallelism the weights are LazyWeights: copy only this rank's slice."""

@@ -2,26 +2,36 @@
 Qwen3 adds per-head q/k RMSNorm, both switched by ModelConfig fields rather than copied code.
 
 Parameter names follow HF checkpoints except the fused `qkv_proj` and `gate_up_proj`, which
-`load_weights` fills shard by shard. One RotaryEmbedding (cos/sin tables) serves all layers:
-`LlamaModel` gathers the batch's rows once per forward and hands them to every layer.
+`load_weights` fills shard by shard. Under tensor parallelism (`groups.tp`) q/k/v and gate/up
+are column-parallel, o_proj and down_proj row-parallel, embedding and LM head vocab-parallel;
+each layer copies only its rank's slice of a checkpoint tensor. One RotaryEmbedding (cos/sin
+tables) serves all layers: `LlamaModel` gathers the batch's rows once per forward and hands
+them to every layer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from radixserve.engine.configs.model_config import ModelConfig
+from radixserve.engine.distributed import GroupHandle, ParallelGroups
 from radixserve.engine.layers.activation import SiluAndMul
 from radixserve.engine.layers.layernorm import RMSNorm
-from radixserve.engine.layers.linear import Linear, MergedLinear
 from radixserve.engine.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from radixserve.engine.layers.parallel_linear import (
+    ColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+    kv_head_layout,
+)
 from radixserve.engine.layers.radix_attention import RadixAttention
 from radixserve.engine.layers.rotary_embedding import RotaryCosSin, RotaryEmbedding, apply_rotary
-from radixserve.engine.layers.vocab_embedding import LMHead, VocabEmbedding
+from radixserve.engine.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
+from radixserve.engine.model_loader.weight import Weight, read_full, weight_shape
 from radixserve.engine.models.base import CausalLM
 
 if TYPE_CHECKING:  # annotations only: model_executor sits above models in the layers
@@ -38,20 +48,25 @@ _STACKED = {
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+    def __init__(self, config: ModelConfig, layer_id: int, tp: GroupHandle | None = None) -> None:
         super().__init__()
+        tp = tp or GroupHandle.single()
         c = config
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            c.num_attention_heads,
-            c.num_key_value_heads,
-            c.head_dim,
-        )
+        self.num_heads = c.num_attention_heads // tp.size  # this rank's heads
+        self.num_kv_heads = kv_head_layout(c.num_key_value_heads, tp).num_local_heads
+        self.head_dim = c.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = MergedLinear(
-            c.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=c.attention_bias
+        self.qkv_proj = QKVParallelLinear(
+            c.hidden_size,
+            c.head_dim,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.attention_bias,
+            tp,
         )
-        self.o_proj = Linear(self.q_size, c.hidden_size, bias=c.o_proj_bias)
+        q_total = c.num_attention_heads * c.head_dim
+        self.o_proj = RowParallelLinear(q_total, c.hidden_size, c.o_proj_bias, tp)
         self.q_norm = RMSNorm(self.head_dim, c.rms_norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, c.rms_norm_eps) if c.qk_norm else None
         self.attn = RadixAttention(
@@ -74,11 +89,12 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, tp: GroupHandle | None = None) -> None:
         super().__init__()
+        tp = tp or GroupHandle.single()
         inter = config.intermediate_size
-        self.gate_up_proj = MergedLinear(config.hidden_size, [inter, inter], bias=False)
-        self.down_proj = Linear(inter, config.hidden_size, bias=False)
+        self.gate_up_proj = ColumnParallelLinear(config.hidden_size, [inter, inter], False, tp)
+        self.down_proj = RowParallelLinear(inter, config.hidden_size, False, tp)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -86,11 +102,26 @@ class LlamaMLP(nn.Module):
         return out
 
 
+# Builds decoder layer i's MLP: dense here; MoE models return their expert block on sparse layers.
+MlpFactory = Callable[[ModelConfig, int, GroupHandle], nn.Module]
+
+
+def dense_mlp(config: ModelConfig, layer_id: int, tp: GroupHandle) -> nn.Module:
+    return LlamaMLP(config, tp)
+
+
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer_id: int,
+        tp: GroupHandle | None = None,
+        make_mlp: MlpFactory = dense_mlp,
+    ) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_id)
-        self.mlp = LlamaMLP(config)
+        tp = tp or GroupHandle.single()
+        self.self_attn = LlamaAttention(config, layer_id, tp)
+        self.mlp = make_mlp(config, layer_id, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -108,11 +139,14 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(
+        self, config: ModelConfig, tp: GroupHandle | None = None, make_mlp: MlpFactory = dense_mlp
+    ) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        tp = tp or GroupHandle.single()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, i, tp, make_mlp) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         c = config
@@ -133,13 +167,19 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(CausalLM):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, groups: ParallelGroups | None = None) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config)
+        tp = (groups or ParallelGroups.single()).tp
+        self.model = LlamaModel(config, tp, self.make_mlp)
         tie = self.model.embed_tokens if config.tie_word_embeddings else None
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size, tie)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp, tie)
         self.logits_processor = LogitsProcessor()
+
+    @staticmethod
+    def make_mlp(config: ModelConfig, layer_id: int, tp: GroupHandle) -> nn.Module:
+        """Decoder layer `layer_id`'s MLP (the MoE architectures override this)."""
+        return dense_mlp(config, layer_id, tp)
 
     @torch.inference_mode()
     def forward(
@@ -149,7 +189,7 @@ class LlamaForCausalLM(CausalLM):
         out: LogitsProcessorOutput = self.logits_processor(hidden, self.lm_head, forward_batch)
         return out
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
         """Copy checkpoint tensors in (cast to the parameter dtype); fail on any left unset."""
         params = dict(self.named_parameters())
         loaded: set[str] = set()
@@ -165,19 +205,27 @@ class LlamaForCausalLM(CausalLM):
         if missing:
             raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:5]} …")
 
-    def _load_one(self, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor) -> str:
+    def _load_one(self, params: dict[str, nn.Parameter], name: str, w: Weight) -> str:
         parts = name.split(".")
+        is_bias = name.endswith(".bias")
         for proj, (fused, shard) in _STACKED.items():
             if proj in parts:
                 target = name.replace(proj, fused)
                 module = self.get_submodule(target.rsplit(".", 1)[0])
-                assert isinstance(module, MergedLinear)
-                module.load_shard(shard, tensor, is_bias=name.endswith(".bias"))
+                assert isinstance(module, ColumnParallelLinear)
+                module.load_shard(shard, w, is_bias)
                 return target
         if name not in params:
             raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
+        owner = self.get_submodule(name.rsplit(".", 1)[0])
+        if isinstance(owner, _SHARDED):
+            owner.load_full(w, is_bias)  # copies this rank's slice only
+            return name
         param = params[name]
-        if param.shape != tensor.shape:
-            raise ValueError(f"{name}: shape {tuple(tensor.shape)} ≠ model {tuple(param.shape)}")
-        param.data.copy_(tensor)
+        if param.shape != weight_shape(w):
+            raise ValueError(f"{name}: shape {weight_shape(w)} ≠ model {tuple(param.shape)}")
+        param.data.copy_(read_full(w))
         return name
+
+
+_SHARDED = (RowParallelLinear, VocabParallelEmbedding, ParallelLMHead, ColumnParallelLinear)

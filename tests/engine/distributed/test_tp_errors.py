@@ -1,0 +1,55 @@
+"""A tensor-parallel layout the model or the machine cannot run fails at start-up, before any
+process starts, with one ValueError naming --tp-size: attention heads not divisible, KV heads
+neither divisible nor dividing, more ranks than CUDA devices. (dp / ep / DP attention are
+refused by ServerArgs: tests/engine/test_server_args.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.engine.models.tiny import BASE
+
+
+def _config_only(folder: Path, **overrides: object) -> str:
+    """A model folder with just config.json: the start-up check reads nothing else."""
+    cfg = {**BASE, "architectures": ["LlamaForCausalLM"], "model_type": "llama", **overrides}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return str(folder)
+
+
+def test_heads_not_divisible_by_tp(tmp_path: Path) -> None:
+    from radixserve.engine import Engine
+
+    with pytest.raises(ValueError, match=r"^tp_size: the model's 4 attention heads .* tp_size 3"):
+        Engine(model_path=_config_only(tmp_path), tp_size=3)
+
+
+def test_kv_heads_neither_split_nor_replicated(tmp_path: Path) -> None:
+    from radixserve.engine import Engine
+
+    path = _config_only(tmp_path, num_attention_heads=12, num_key_value_heads=6, head_dim=16)
+    with pytest.raises(ValueError, match=r"^tp_size: the model's 6 KV heads"):
+        Engine(model_path=path, tp_size=4)
+
+
+def test_more_ranks_than_cuda_devices(tmp_path: Path) -> None:
+    import torch
+
+    from radixserve.engine import Engine
+
+    ranks = max(2, torch.cuda.device_count() + 1)
+    with pytest.raises(ValueError, match=rf"^tp_size: {ranks} ranks need {ranks} CUDA devices"):
+        Engine(model_path=_config_only(tmp_path), tp_size=ranks, device="cuda")
+
+
+def test_replicated_kv_heads_are_accepted() -> None:
+    from radixserve.engine.configs.model_config import ModelConfig
+    from radixserve.engine.configs.server_args import check_tp_layout
+
+    config = ModelConfig.from_hf_dict({**BASE, "architectures": ["LlamaForCausalLM"]})
+    check_tp_layout(config, 4)  # 4 heads split, 2 KV heads each on 2 ranks
+    with pytest.raises(ValueError, match="^tp_size:"):
+        check_tp_layout(config, 8)
