@@ -20,8 +20,8 @@ import zmq.asyncio
 
 @dataclass(frozen=True, slots=True)
 class PortArgs:
-    """IPC endpoints of one server: one scheduler input, one detokenizer input and one
-    tokenizer-manager input (a single scheduler rank today)."""
+    """IPC endpoints of one server: one scheduler input (read by TP rank 0, which broadcasts
+    to its peers), one detokenizer input and one tokenizer-manager input."""
 
     scheduler_input: str
     detokenizer_input: str
