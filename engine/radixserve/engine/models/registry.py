@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from radixserve.engine.models.base import CausalLM
 from radixserve.engine.models.llama import LlamaForCausalLM
+from radixserve.engine.models.mixtral import MixtralForCausalLM
 from radixserve.engine.models.qwen2 import Qwen2ForCausalLM
+from radixserve.engine.models.qwen2_moe import Qwen2MoeForCausalLM
 from radixserve.engine.models.qwen3 import Qwen3ForCausalLM
+from radixserve.engine.models.qwen3_moe import Qwen3MoeForCausalLM
 
 _MODELS: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
 
 
