@@ -54,6 +54,9 @@ def test_tp_greedy_equals_single_process(models: dict[str, Path], kind: str, tp:
     with Engine(model_path=str(models[kind]), tp_size=tp, **ARGS) as engine:
         got = engine.generate(input_ids=batch, sampling_params=PARAMS)
         info = engine.get_server_info()
+        procs = list(engine.children.procs)
+    assert len(procs) == tp + 1  # one scheduler per rank + the detokenizer
+    assert not [p.name for p in procs if p.is_alive()]  # shutdown stopped every rank
     assert _ids(got) == _ids(want)
     assert sum(o["meta_info"]["cached_tokens"] for o in got) > 0  # the radix cache was hit
     assert info["max_total_num_tokens"] == 4096

@@ -1,14 +1,19 @@
 """`radixserve serve --tp-size 2` on a tiny Llama: two scheduler processes start, the server
-answers the official `openai` client, and greedy completions equal the single-process run."""
+answers the official `openai` client with the single-process run's greedy completion, and a
+dying rank takes the whole server down with no process left behind."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.engine.models.tiny import save_tiny
 from tests.engine.server.live_server import live_server
+from tests.engine.server.test_lifecycle import _alive, _children, _cmdline, _rss_kb
 
 
 def test_serve_tp2_answers_openai_client(tmp_path: Path) -> None:
@@ -34,3 +39,12 @@ def test_serve_tp2_answers_openai_client(tmp_path: Path) -> None:
         assert out.usage is not None
         assert out.usage.completion_tokens == len(want["output_ids"])
         assert out.choices[0].text == want["text"]
+        kids = _children(srv.proc.pid)
+        workers = [k for k in kids if b"spawn_main" in _cmdline(k)]
+        ranks = sorted(workers, key=_rss_kb)[-2:]  # the two model holders; the detokenizer is small
+        assert len(workers) == 3
+        os.kill(max(ranks), signal.SIGKILL)  # the later-spawned rank: a peer
+        assert srv.proc.wait(60) != 0
+        assert "child process died" in srv.log()
+        time.sleep(1)
+        assert not [k for k in kids if _alive(k)], "orphaned ranks"
