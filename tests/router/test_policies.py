@@ -174,3 +174,12 @@ def test_cache_aware_scores_in_flight_prefixes_like_cached_ones() -> None:
     targets = [arriving, view("b"), view("c", cached=100)]
     assert p.select(RouteRequest(632), targets).key[0] == "http://a"
     assert arriving.expected_tokens == 600 and arriving.cached_tokens == 0
+
+
+def test_cache_aware_ties_in_load_go_where_least_is_cached() -> None:
+    p = CacheAwarePolicy()
+    full, empty = (TargetView((f"http://{n}", 0), 0, 0, 0, 0, size) for n, size in
+                   (("full", 5000), ("empty", 0)))  # fmt: skip
+    assert p.select(RouteRequest(600), [full, empty]).key[0] == "http://empty"
+    busy_empty = TargetView(("http://busy", 0), 1, 0, 0, 0, 0)
+    assert p.select(RouteRequest(600), [full, busy_empty]).key[0] == "http://full"

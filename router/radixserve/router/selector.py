@@ -66,9 +66,11 @@ class Selector:
         for url, rank in keys:
             load = self.registry.workers[url].load_of(rank)
             hit = cached.get((url, rank), NO_MATCH)
-            out.append(
-                TargetView((url, rank), load.load, load.in_flight_tokens, hit.cached, hit.inflight)
+            size = self.index.size_of((url, rank))
+            view = TargetView(
+                (url, rank), load.load, load.in_flight_tokens, hit.cached, hit.inflight, size
             )
+            out.append(view)
         return out
 
     def choose(

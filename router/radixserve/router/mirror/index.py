@@ -205,6 +205,11 @@ class CacheIndex:
         if entry is not None and target is not None and target.overlay is not None:
             target.overlay.discard(entry)
 
+    def size_of(self, key: TargetKey) -> int:
+        """Tokens the target's tree holds (0 for a target not followed)."""
+        target = self._targets.get(key)
+        return target.tree.num_tokens if target is not None else 0
+
     def overlay_of(self, key: TargetKey) -> InflightOverlay | None:
         """The target's in-flight overlay (None: approx or unknown target); for tests/metrics."""
         target = self._targets.get(key)

@@ -20,6 +20,7 @@ class TargetView:
     queued_tokens: int  # uncached prompt tokens of our in-flight requests there
     cached_tokens: int = 0  # this request's cached prefix on the target, in tokens
     inflight_tokens: int = 0  # its prefix among prompts routed there, not yet cached (overlay)
+    cache_size_tokens: int = 0  # everything the target's mirror holds, in tokens
 
     @property
     def expected_tokens(self) -> int:

@@ -10,7 +10,9 @@ more than a short warm one (what the `cost` policy measures directly).
 2. Otherwise take the target with the longest expected prefix (cached by its mirror, or
    arriving with a request routed there and still in flight); if that prefix covers more than
    `cache_threshold` of the prompt, route there (ties → lower load).
-3. Else route to the least-loaded target: a miss anywhere should land where it waits least.
+3. Else route to the least-loaded target: a miss anywhere should land where it waits least;
+   among equally loaded ones, where the least is cached (a new prefix displaces least there,
+   and a burst of tenants spreads over every replica instead of the first ones).
 
 Unlike sgl-router, the match rate comes from the mirrored radix trees (what each engine
 really holds, in tokens) plus the in-flight overlay, not from a character tree of what the
@@ -52,8 +54,8 @@ class CacheAwarePolicy:
         return hi - lo > self.balance_abs_threshold and hi > lo * self.balance_rel_threshold
 
     def least_loaded(self, targets: Sequence[TargetView]) -> TargetView:
-        """Smallest load; ties → fewer requests, then the first (a stable order)."""
-        return min(targets, key=lambda t: (self.load(t), t.load))
+        """Smallest load; ties → fewer requests, then less cached, then the first."""
+        return min(targets, key=lambda t: (self.load(t), t.load, t.cache_size_tokens))
 
     def select(self, request: RouteRequest, targets: Sequence[TargetView]) -> TargetView:
         if len(targets) == 1:
