@@ -16,7 +16,7 @@ from radixserve.protocol import (
     decode_batch,
     encode_batch,
 )
-from radixserve.protocol.kv_events import seq_from_bytes, seq_to_bytes
+from radixserve.protocol.kv_events import parse_event_format, seq_from_bytes, seq_to_bytes
 
 H1, H2, H3 = 6738917275443968386, -2360060374177730597, 5080553031686747138
 
@@ -170,3 +170,9 @@ def test_seq_round_trip(seq: int) -> None:
     frame = seq_to_bytes(seq)
     assert len(frame) == 8
     assert seq_from_bytes(frame) == seq
+
+
+def test_event_format_names_parse_or_name_the_field() -> None:
+    assert (parse_event_format("map"), parse_event_format("array")) == ("map", "array")
+    with pytest.raises(ValueError, match="kv_events_format: expected one of map, array"):
+        parse_event_format("msgpack", "kv_events_format")

@@ -109,6 +109,15 @@ def _to_array(event: KVCacheEvent) -> _ArrayEvent:
     return _ArrayCleared()
 
 
+def parse_event_format(value: str, field: str = "event_format") -> EventFormat:
+    """A config string → EventFormat; ValueError naming `field` for anything else."""
+    if value == "map":
+        return "map"
+    if value == "array":
+        return "array"
+    raise ValueError(f"{field}: expected one of {', '.join(EVENT_FORMATS)}, got {value!r}")
+
+
 def encode_batch(batch: KVEventBatch, event_format: EventFormat = "map") -> bytes:
     """msgpack bytes of `batch`: tagged-map events (SGLang 0.5.23 / vLLM) or positional."""
     if event_format == "map":
