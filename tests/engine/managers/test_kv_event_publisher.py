@@ -6,6 +6,7 @@ import socket
 import time
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 import zmq
 
@@ -212,3 +213,15 @@ def test_port_in_use_raises_and_malformed_request_gets_end_marker(ctx: zmq.Conte
     assert recv(client) == [b"", seq_to_bytes(-1), b""]
     client.close()
     pub.close()
+
+
+def test_array_format_publishes_sglang_056s_positional_events(ctx: zmq.Context) -> None:
+    pub = make_pub(ctx, event_format="array")
+    pub.publish([STORED])
+    ((seq, payload),) = replay(ctx, pub, 0)
+    assert seq == 0
+    assert msgspec.msgpack.decode(payload)[1] == [["BlockStored", [11], None, [1, 2, 3], 3, None]]
+    assert decode_batch(payload).events == [STORED]
+    pub.close()
+    with pytest.raises(ValueError, match="event_format"):
+        make_pub(ctx, event_format="json")

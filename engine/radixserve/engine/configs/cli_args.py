@@ -23,6 +23,7 @@ _HELP: Mapping[str, str] = MappingProxyType(
         "schedule_policy": "fcfs | lpm | dfs-weight | lof | random",
         "enable_kv_events": "record radix-tree KV events (implied by --kv-events-port, needs it)",
         "kv_events_port": "publish radix-tree KV events on this port (replay on port + 1)",
+        "kv_events_format": "KV-event encoding: map (SGLang 0.5.23 / vLLM 0.32) or array (0.5.6)",
         "api_key": "require 'Authorization: Bearer KEY' on every endpoint but /health",
     }
 )

@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from radixserve.engine.configs.model_config import ModelConfig
+from radixserve.protocol.kv_events import parse_event_format
 
 POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -53,6 +54,7 @@ class ServerArgs:
     port: int = 30000
     api_key: str | None = None
     kv_events_port: int | None = None  # publish KV events on tcp://host:port (+1: replay)
+    kv_events_format: str = "map"  # map: SGLang 0.5.23 / vLLM 0.32 consumers; array: SGLang 0.5.6
     skip_server_warmup: bool = False
     log_level: str = "warning"
 
@@ -105,6 +107,7 @@ class ServerArgs:
             "--enable-kv-events needs --kv-events-port: the publisher on that port is what "
             "drains the recorded events, which would otherwise grow without bound",
         )
+        parse_event_format(self.kv_events_format, "kv_events_format")
         self._check_parallelism()
         chunk = self.chunked_prefill_size
         _check(

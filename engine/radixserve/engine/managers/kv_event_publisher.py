@@ -4,7 +4,8 @@ One publisher per scheduler process. Today an engine runs one scheduler (dp_rank
 parallelism is not built yet); the ports already follow the per-rank rule DP will use, PUB on
 port + 2 × dp_rank and replay on the next port:
 - PUB on tcp://host:port: each batch as frames `[topic, seq (8-byte big-endian signed),
-  payload (msgpack KVEventBatch)]`; seq counts from 0 per publisher (a restart starts again
+  payload (msgpack KVEventBatch, tagged-map events; `event_format="array"` for SGLang 0.5.6
+  consumers)]`; seq counts from 0 per publisher (a restart starts again
   at 0, which tells subscribers to reset their mirror).
 - ROUTER on tcp://host:port+1 (replay): a REQ/DEALER client sends one frame holding the
   8-byte start seq; it gets one message `[seq, payload]` per buffered batch with seq ≥ start,
@@ -29,6 +30,7 @@ from radixserve.protocol.kv_events import (
     KVCacheEvent,
     KVEventBatch,
     encode_batch,
+    parse_event_format,
     seq_from_bytes,
     seq_to_bytes,
 )
@@ -60,9 +62,11 @@ class ZmqKVEventPublisher:
         hwm: int = SNDHWM,
         topic: bytes = b"",
         ctx: zmq.Context[Any] | None = None,
+        event_format: str = "map",  # "array": SGLang 0.5.6's positional events
     ) -> None:
         if buffer_steps < 1:
             raise ValueError(f"buffer_steps: must be ≥ 1, got {buffer_steps}")
+        self.event_format = parse_event_format(event_format)
         self.dp_rank = dp_rank
         self.topic = topic
         self.port = port_for_rank(port, dp_rank)
@@ -95,7 +99,7 @@ class ZmqKVEventPublisher:
     def publish(self, events: Sequence[KVCacheEvent]) -> int:
         """Send one batch; returns its seq."""
         batch = KVEventBatch(ts=time.time(), events=list(events), attn_dp_rank=self.dp_rank)
-        payload = encode_batch(batch)
+        payload = encode_batch(batch, self.event_format)
         seq = self.next_seq
         self.next_seq += 1
         self.buffer.append((seq, payload))

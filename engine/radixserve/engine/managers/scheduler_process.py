@@ -212,7 +212,9 @@ def run_scheduler_process(
     publisher = None
     try:
         if args.kv_events_port is not None:  # bind first: a taken port fails fast
-            publisher = ZmqKVEventPublisher(args.host, args.kv_events_port, dp_rank, ctx=ctx)
+            publisher = ZmqKVEventPublisher(
+                args.host, args.kv_events_port, dp_rank, ctx=ctx, event_format=args.kv_events_format
+            )
         groups = init_parallel_groups(rank, torch.device(args.device))
         core = SchedulerCore(args, groups=groups)
     except Exception as exc:  # report start-up failure to the parent instead of hanging it
