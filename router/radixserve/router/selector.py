@@ -68,7 +68,13 @@ class Selector:
             hit = cached.get((url, rank), NO_MATCH)
             size = self.index.size_of((url, rank))
             view = TargetView(
-                (url, rank), load.load, load.in_flight_tokens, hit.cached, hit.inflight, size
+                (url, rank),
+                load.load,
+                load.in_flight_tokens,
+                hit.cached,
+                hit.inflight,
+                size,
+                hit.routed,
             )
             out.append(view)
         return out
