@@ -13,8 +13,8 @@ from torch import nn
 
 if TYPE_CHECKING:  # annotations only: model_executor sits above models in the layers
     from radixserve.engine.layers.logits_processor import LogitsProcessorOutput
-    from radixserve.engine.model_loader.weight import Weight
     from radixserve.engine.model_executor.forward_batch import ForwardBatch
+    from radixserve.engine.model_loader.weight import Weight
 
 
 class CausalLM(nn.Module, ABC):
