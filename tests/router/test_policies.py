@@ -183,17 +183,3 @@ def test_cache_aware_ties_in_load_go_where_least_is_cached() -> None:
     assert p.select(RouteRequest(600), [full, empty]).key[0] == "http://empty"
     busy_empty = TargetView(("http://busy", 0), 1, 0, 0, 0, 0)
     assert p.select(RouteRequest(600), [full, busy_empty]).key[0] == "http://full"
-
-
-def test_cache_aware_sends_an_evicted_prefix_home() -> None:
-    p = CacheAwarePolicy()
-    home = TargetView(("http://home", 0), 2, 0, cached_tokens=0, routed_tokens=600)
-    idle = TargetView(("http://idle", 0), 0, 0)
-    # cached nowhere (evicted), but routed to `home` lately: re-prefill it there
-    assert p.select(RouteRequest(632), [idle, home]).key[0] == "http://home"
-    # a real cache hit elsewhere still wins over history
-    hit = TargetView(("http://hit", 0), 3, 0, cached_tokens=400)
-    assert p.select(RouteRequest(632), [idle, home, hit]).key[0] == "http://hit"
-    # and a short history share is a miss: least loaded
-    home = TargetView(("http://home", 0), 2, 0, routed_tokens=100)
-    assert p.select(RouteRequest(632), [idle, home]).key[0] == "http://idle"

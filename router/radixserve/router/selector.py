@@ -68,13 +68,7 @@ class Selector:
             hit = cached.get((url, rank), NO_MATCH)
             size = self.index.size_of((url, rank))
             view = TargetView(
-                (url, rank),
-                load.load,
-                load.in_flight_tokens,
-                hit.cached,
-                hit.inflight,
-                size,
-                hit.routed,
+                (url, rank), load.load, load.in_flight_tokens, hit.cached, hit.inflight, size
             )
             out.append(view)
         return out

@@ -149,12 +149,10 @@ async def test_finished_or_failed_requests_stop_arriving(live) -> None:
     overlay = index.overlay_of(key)
     assert overlay is not None and overlay.num_entries == 2
     leases[0].release()  # the request ended (the proxy releases on success and on failure)
-    assert index.match_both(prompt, [key])[key] == PrefixMatch(0, len(prompt), len(prompt))
+    assert index.match_both(prompt, [key])[key] == PrefixMatch(0, len(prompt))
     leases[1].release()
     leases[1].release()
-    assert index.match_both(prompt, [key])[key] == PrefixMatch(
-        0, 0, len(prompt)
-    )  # history stays: steering only
+    assert index.match_both(prompt, [key])[key] == PrefixMatch(0, 0)
     assert overlay.num_entries == 0 and overlay.num_tokens == 0
 
 
@@ -169,7 +167,7 @@ async def test_the_replicas_events_confirm_the_pages_and_retire_the_entry(live) 
     assert overlay is not None and overlay.num_entries == 1
     replica.insert(prompt)  # the replica prefilled it and publishes its BlockStored events
     await until(lambda: overlay.num_entries == 0, "confirmed", lambda: replica.insert(prompt))
-    assert index.match_both(prompt, [key])[key] == PrefixMatch(len(prompt), 0, len(prompt))
+    assert index.match_both(prompt, [key])[key] == PrefixMatch(len(prompt), 0)
     again = selector.choose(prompt + [1])
     assert again is not None and again.worker is lease.worker
     assert again.cached_tokens == len(prompt)  # now it is cached, and reported so

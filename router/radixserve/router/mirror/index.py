@@ -5,8 +5,7 @@ mode); one without gets an ApproxTree of the prompts routed to it ("approx" mode
 fallback). An events target also has an InflightOverlay of the prompts routed to it and not
 yet confirmed by its events. `match` encodes the prompt once and walks each target's tree: the
 cached prefix in tokens, page-aligned like the engine's own match; `match_both` adds the
-overlay's "arriving" prefix and the routed history's (an LRU-trimmed ApproxTree of the prompts
-sent there, sgl-router's view) beside it. Everything runs on the event loop, no thread: the trees
+overlay's "arriving" prefix beside it. Everything runs on the event loop, no thread: the trees
 are only touched between awaits.
 """
 
@@ -29,7 +28,6 @@ from radixserve.router.targets import KVEndpoint, TargetKey, reachable_endpoint
 logger = logging.getLogger(__name__)
 
 DEFAULT_APPROX_MAX_TOKENS = 1 << 22
-DEFAULT_HISTORY_MAX_TOKENS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -48,12 +46,10 @@ class TargetCacheStats:
 class PrefixMatch(NamedTuple):
     """One target's prefix for one prompt, in tokens: `cached` is what the target holds now
     (the only number reported as cached); `inflight` what prompts routed there and not yet
-    confirmed by its events share with it (0 for approx targets, whose tree already has them);
-    `routed` what prompts routed there lately share with it, cached or not (its "home")."""
+    confirmed by its events share with it (0 for approx targets, whose tree already has them)."""
 
     cached: int
     inflight: int = 0
-    routed: int = 0  # its prefix among prompts routed there lately (history; steering only)
 
 
 @dataclass(frozen=True)
@@ -63,7 +59,6 @@ class _Target:
     tree: MirrorTree | ApproxTree
     subscriber: KVEventSubscriber | None
     overlay: InflightOverlay | None = None
-    history: ApproxTree | None = None
 
 
 def _dialable(kv: KVEndpoint, worker_url: str) -> KVEndpoint:
@@ -84,13 +79,10 @@ class CacheIndex:
         replay_timeout_s: float = REPLAY_TIMEOUT_S,
         max_orphans: int = DEFAULT_MAX_ORPHANS,
         overlay_limits: OverlayLimits | None = None,
-        history_max_tokens: int = DEFAULT_HISTORY_MAX_TOKENS,
     ) -> None:
         ApproxTree(approx_max_tokens)  # fail fast: ValueError naming max_tokens
         self.approx_max_tokens = approx_max_tokens
         self.overlay_limits = overlay_limits or OverlayLimits()
-        ApproxTree(history_max_tokens)  # fail fast: ValueError naming max_tokens
-        self.history_max_tokens = history_max_tokens
         self.replay_timeout_s = replay_timeout_s
         self.max_orphans = max_orphans
         self._own_ctx = ctx is None
@@ -142,8 +134,7 @@ class CacheIndex:
             replay_timeout_s=self.replay_timeout_s,
             name=name,
         )
-        history = ApproxTree(self.history_max_tokens)
-        self._targets[key] = _Target(page_size, kv, tree, subscriber, overlay, history)
+        self._targets[key] = _Target(page_size, kv, tree, subscriber, overlay)
         if self._started:
             subscriber.start()
 
@@ -186,15 +177,13 @@ class CacheIndex:
             target = self._targets.get(key)
             if target is None:
                 out[key] = PrefixMatch(0)
-            elif target.overlay is not None and target.history is not None:
+            elif target.overlay is not None:
                 out[key] = PrefixMatch(
-                    target.tree.match_encoded(q),
-                    target.overlay.match_encoded(q),
-                    target.history.match_encoded(q),
+                    target.tree.match_encoded(q), target.overlay.match_encoded(q)
                 )
             else:
                 n = target.tree.match_encoded(q)
-                out[key] = PrefixMatch(n - n % target.page_size, 0, n)
+                out[key] = PrefixMatch(n - n % target.page_size)
         return out
 
     def on_routed(self, key: TargetKey, tokens: Sequence[int]) -> int | None:
@@ -207,10 +196,8 @@ class CacheIndex:
         if isinstance(target.tree, ApproxTree):
             target.tree.insert(tokens)
             return None
-        assert target.overlay is not None and target.history is not None
-        q = encode_tokens(tokens)
-        target.history.insert_encoded(q)
-        return target.overlay.add(q)
+        assert target.overlay is not None
+        return target.overlay.add(encode_tokens(tokens))
 
     def on_finished(self, key: TargetKey, entry: int | None) -> None:
         """The request of `on_routed`'s entry ended or failed: its pages stop arriving."""

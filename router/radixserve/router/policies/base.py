@@ -21,7 +21,6 @@ class TargetView:
     cached_tokens: int = 0  # this request's cached prefix on the target, in tokens
     inflight_tokens: int = 0  # its prefix among prompts routed there, not yet cached (overlay)
     cache_size_tokens: int = 0  # everything the target's mirror holds, in tokens
-    routed_tokens: int = 0  # its prefix among prompts routed there lately (cached or not)
 
     @property
     def expected_tokens(self) -> int:

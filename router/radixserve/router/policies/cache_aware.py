@@ -10,10 +10,7 @@ more than a short warm one (what the `cost` policy measures directly).
 2. Otherwise take the target with the longest expected prefix (cached by its mirror, or
    arriving with a request routed there and still in flight); if that prefix covers more than
    `cache_threshold` of the prompt, route there (ties → lower load).
-3. Else, if some target was sent more than `cache_threshold` of the prompt lately (its
-   routed history: the prefix's home, whose replica evicted it), route there: re-prefilling
-   at home displaces the home's own tenants, not another replica's (sgl-router's rule).
-4. Else route to the least-loaded target: a miss anywhere should land where it waits least;
+3. Else route to the least-loaded target: a miss anywhere should land where it waits least;
    among equally loaded ones, where the least is cached (a new prefix displaces least there,
    and a burst of tenants spreads over every replica instead of the first ones).
 
@@ -69,7 +66,4 @@ class CacheAwarePolicy:
         rate = best.expected_tokens / request.num_tokens if request.num_tokens else 0.0
         if rate > self.cache_threshold:
             return best
-        home = max(targets, key=lambda t: (t.routed_tokens, -self.load(t)))
-        if request.num_tokens and home.routed_tokens / request.num_tokens > self.cache_threshold:
-            return home
         return self.least_loaded(targets)
