@@ -20,9 +20,11 @@ def run_rank(rank: int, world: int, port: int, out_dir: str) -> None:
         init_parallel_groups,
     )
 
-    groups = init_parallel_groups(RankSpec(rank, world, port), torch.device("cpu"))
+    spec = RankSpec(rank, world, port, ep_size=world)
+    groups = init_parallel_groups(spec, torch.device("cpu"))
     try:
         results = _checks(groups.tp, Path(out_dir))
+        results.update(_moe_checks(groups.ep))
         results["broadcast_bytes"] = _bytes_check(groups.cpu)
         results["min_int"] = (torch.tensor([groups.cpu.min_int(10 + rank)]), torch.tensor([10]))
     finally:
@@ -85,6 +87,33 @@ def _checks(tp: object, folder: Path) -> dict[str, tuple[torch.Tensor, torch.Ten
     out["lm_head"] = (head(x), x @ head_w.T)
     tied = ParallelLMHead(VOCAB, HIDDEN, tp, emb)
     out["lm_head_tied"] = (tied(x), x @ emb_w.T)
+    return out
+
+
+def _moe_checks(ep: object) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """SparseMoeBlock with its experts split over the EP ranks, both dispatch modes, against
+    one module holding all 8 experts (same weights, same router) — 7 tokens (uneven slices
+    for all_to_all), 1 token (a rank with nothing to send) and none (an idle step)."""
+    from radixserve.engine.configs.model_config import MoEConfig
+    from radixserve.engine.distributed import GroupHandle
+    from radixserve.engine.layers.moe import SparseMoeBlock
+
+    assert isinstance(ep, GroupHandle)
+    moe = MoEConfig(num_experts=8, top_k=2, moe_intermediate_size=32, norm_topk_prob=True)
+    gen = torch.Generator().manual_seed(1)
+    full = SparseMoeBlock(moe, HIDDEN)
+    for p in full.parameters():
+        p.data.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    rng = slice(ep.rank * 8 // ep.size, (ep.rank + 1) * 8 // ep.size)
+    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for backend in ("none", "all_to_all"):
+        block = SparseMoeBlock(moe, HIDDEN, ep=ep, a2a_backend=backend)
+        block.gate.weight.data.copy_(full.gate.weight)
+        block.experts.w13_weight.data.copy_(full.experts.w13_weight[rng])
+        block.experts.w2_weight.data.copy_(full.experts.w2_weight[rng])
+        for tokens in (7, 1, 0):
+            x = torch.randn(tokens, HIDDEN, generator=gen)
+            out[f"moe_{backend}_{tokens}"] = (block(x), full(x))
     return out
 
 

@@ -1,7 +1,9 @@
 """Tensor-parallel layers at tp=2 against the unsharded math, in two real processes joined by
 gloo: fused gate/up and q/k/v column shards (KV heads split and replicated), row-parallel
 all-reduce with bias, vocab-parallel embedding and LM head (padded vocab, tied and untied),
-plus the CPU group's byte broadcast and int minimum. One pair of processes runs every check."""
+plus the CPU group's byte broadcast and int minimum, and the MoE block with its 8 experts split
+over the 2 EP ranks in both dispatch modes (none, all_to_all) against one module holding all of
+them. One pair of processes runs every check."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ CHECKS = (
     "lm_head_tied",
     "broadcast_bytes",
     "min_int",
+    *(f"moe_{mode}_{n}" for mode in ("none", "all_to_all") for n in (7, 1, 0)),
 )
 
 

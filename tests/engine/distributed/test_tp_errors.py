@@ -1,7 +1,8 @@
-"""A tensor-parallel layout the model or the machine cannot run fails at start-up, before any
-process starts, with one ValueError naming --tp-size: attention heads not divisible, KV heads
-neither divisible nor dividing, more ranks than CUDA devices. (dp / ep / DP attention are
-refused by ServerArgs: tests/engine/test_server_args.py.)"""
+"""A tensor- or expert-parallel layout the model or the machine cannot run fails at start-up,
+before any process starts, with one ValueError naming the flag: attention heads not divisible,
+KV heads neither divisible nor dividing, more ranks than CUDA devices (--tp-size); experts not
+divisible by --ep-size, --ep-size on a dense model. (ep not dividing tp or above tp × dp, an
+unknown --moe-a2a-backend, dp / DP attention: ServerArgs, tests/engine/test_server_args.py.)"""
 
 from __future__ import annotations
 
@@ -53,3 +54,25 @@ def test_replicated_kv_heads_are_accepted() -> None:
     check_tp_layout(config, 4)  # 4 heads split, 2 KV heads each on 2 ranks
     with pytest.raises(ValueError, match="^tp_size:"):
         check_tp_layout(config, 8)
+
+
+def test_experts_not_divisible_by_ep(tmp_path: Path) -> None:
+    from radixserve.engine import Engine
+
+    path = _config_only(
+        tmp_path,
+        architectures=["Qwen3MoeForCausalLM"],
+        model_type="qwen3_moe",
+        num_experts=6,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+    )
+    with pytest.raises(ValueError, match=r"^ep_size: the model's 6 experts .* ep_size 4"):
+        Engine(model_path=path, tp_size=4, ep_size=4)
+
+
+def test_ep_on_a_dense_model(tmp_path: Path) -> None:
+    from radixserve.engine import Engine
+
+    with pytest.raises(ValueError, match=r"^ep_size: 2 needs a MoE model"):
+        Engine(model_path=_config_only(tmp_path), tp_size=2, ep_size=2)

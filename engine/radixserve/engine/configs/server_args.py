@@ -15,6 +15,7 @@ from radixserve.protocol.kv_events import parse_event_format
 POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 EVICTION_POLICIES = ("lru", "lfu", "fifo")
+A2A_BACKENDS = ("none", "all_to_all")  # --moe-a2a-backend (layers.moe_dispatch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +45,11 @@ class ServerArgs:
     # them, so enabling them without a port is refused (they would grow without bound).
     enable_kv_events: bool = False
     attention_backend: str = "torch"
-    # parallelism: tp runs (one scheduler process per rank); dp / ep / DP attention are refused
+    # parallelism: tp and ep run (one scheduler process per rank); dp / DP attention are refused
     tp_size: int = 1
     dp_size: int = 1
     ep_size: int = 1
+    moe_a2a_backend: str = "none"  # EP dispatch: none (all-reduce) | all_to_all
     enable_dp_attention: bool = False
     # serving
     host: str = "127.0.0.1"
@@ -132,14 +134,20 @@ class ServerArgs:
             f"must be ≤ tp_size × dp_size, got {self.ep_size}",
         )
         _check(
+            self.tp_size % self.ep_size == 0,
+            "ep_size",
+            f"must divide tp_size ({self.tp_size}): each EP group is ep_size TP ranks, "
+            f"got {self.ep_size}",
+        )
+        _check(
+            self.moe_a2a_backend in A2A_BACKENDS,
+            "moe_a2a_backend",
+            f"must be one of {A2A_BACKENDS}, got {self.moe_a2a_backend!r}",
+        )
+        _check(
             self.dp_size == 1,
             "dp_size",
             f"data parallelism is not implemented in this build yet (dp={self.dp_size})",
-        )
-        _check(
-            self.ep_size == 1,
-            "ep_size",
-            f"expert parallelism is not implemented in this build yet (ep={self.ep_size})",
         )
         _check(
             not self.enable_dp_attention,
@@ -189,6 +197,19 @@ def check_tp_layout(config: ModelConfig, tp_size: int) -> None:
         "tp_size",
         f"the model's {kv} KV heads can be neither split nor replicated over tp_size "
         f"{tp_size} (one must divide the other)",
+    )
+
+
+def check_ep_layout(config: ModelConfig, ep_size: int) -> None:
+    """Refuse an EP size the model's experts cannot be split over (ValueError naming ep_size)."""
+    if ep_size == 1:
+        return
+    _check(config.moe is not None, "ep_size", f"{ep_size} needs a MoE model; this one is dense")
+    experts = config.moe.num_experts if config.moe is not None else 0
+    _check(
+        experts % ep_size == 0,
+        "ep_size",
+        f"the model's {experts} experts are not divisible by ep_size {ep_size}",
     )
 
 

@@ -1,5 +1,5 @@
 """GroupHandle: one process group with this rank's place in it and the collectives the engine
-uses (all-reduce, all-gather, broadcast of tensors and of bytes, min of an int).
+uses (all-reduce, all-gather, all-to-all, broadcast of tensors and of bytes, min of an int).
 
 Runs in every scheduler process. A group of size 1 (`GroupHandle.single()`) performs no
 communication, so the single-process engine runs the same layer code with no torch.distributed.
@@ -67,6 +67,17 @@ class GroupHandle:
             buf = torch.empty(n, dtype=torch.uint8)
         self.broadcast(buf, src)
         return buf.numpy().tobytes()
+
+    def all_to_all(
+        self, x: torch.Tensor, send_counts: list[int], recv_counts: list[int]
+    ) -> torch.Tensor:
+        """Rows of x, `send_counts[r]` consecutive ones for rank r in rank order, go to rank r;
+        returns the `sum(recv_counts)` rows received, rank order (`all_to_all_single`)."""
+        if self.size == 1:
+            return x
+        out = x.new_empty((sum(recv_counts), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), recv_counts, send_counts, group=self.group)
+        return out
 
     def min_int(self, value: int) -> int:
         """The smallest `value` over the group (e.g. the KV pool size every rank can hold)."""

@@ -16,7 +16,12 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from radixserve.engine.configs.server_args import ServerArgs, check_devices, check_tp_layout
+from radixserve.engine.configs.server_args import (
+    ServerArgs,
+    check_devices,
+    check_ep_layout,
+    check_tp_layout,
+)
 from radixserve.engine.distributed import RankSpec
 from radixserve.engine.entrypoints.process_utils import configure_child_logging, die_with_parent
 from radixserve.engine.ipc.channels import PortArgs
@@ -71,7 +76,7 @@ class ChildProcesses:
 
 
 def check_parallel_layout(args: ServerArgs) -> None:
-    """Refuse, before any process starts, a TP size the model or the machine cannot run
+    """Refuse, before any process starts, a TP / EP size the model or the machine cannot run
     (ValueError naming the flag)."""
     if args.tp_size == 1:
         return
@@ -79,7 +84,9 @@ def check_parallel_layout(args: ServerArgs) -> None:
 
     check_devices(args, torch.cuda.device_count() if args.device.startswith("cuda") else 0)
     source = resolve_model(args.model_path, args.revision)
-    check_tp_layout(load_model_files(source, args.resolved_dtype).config, args.tp_size)
+    config = load_model_files(source, args.resolved_dtype).config
+    check_tp_layout(config, args.tp_size)
+    check_ep_layout(config, args.ep_size)
 
 
 def free_tcp_port(host: str) -> int:
@@ -97,7 +104,13 @@ def launch_subprocesses(args: ServerArgs) -> ChildProcesses:
     readers, procs = [], []
     for tp_rank in range(args.tp_size):
         reader, writer = ctx.Pipe(duplex=False)
-        rank = RankSpec(tp_rank, args.tp_size, dist_port)
+        rank = RankSpec(
+            tp_rank,
+            args.tp_size,
+            dist_port,
+            ep_size=args.ep_size,
+            moe_a2a_backend=args.moe_a2a_backend,
+        )
         readers.append(reader)
         procs.append(
             ctx.Process(

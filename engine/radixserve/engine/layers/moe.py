@@ -3,9 +3,10 @@ SiLU-gated MLP per expert, weighted combine; plus Qwen2-MoE's sigmoid gate on a 
 
 Owns the stacked expert weights (`w13 [E_local, 2I, H]` = gate rows then up rows,
 `w2 [E_local, H, I]`, the layout the Triton fused-MoE kernel takes) and their loading from
-per-expert checkpoint tensors. It is the reference that kernel is measured against. Knows no
-parallel layout: an `ExpertRange` says which experts this module holds (default all); the
-others' share of a token is left out, for expert parallelism to sum across ranks. Runs in the
+per-expert checkpoint tensors. It is the reference that kernel is measured against. FusedMoE knows
+no parallel layout: an `ExpertRange` says which experts it holds (default all); the others'
+share of a token is left out, for expert parallelism (`layers.moe_dispatch`, which
+SparseMoeBlock calls) to sum across ranks. Runs in the
 scheduler process, inside the model's forward.
 
 Algorithm. The T x top_k (token, choice) pairs are numbered row = t * top_k + j and sorted by
@@ -24,8 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.engine.configs.model_config import MoEConfig
+from radixserve.engine.distributed import GroupHandle
 from radixserve.engine.layers.activation import SiluAndMul
 from radixserve.engine.layers.linear import Linear
+from radixserve.engine.layers.moe_dispatch import ep_moe_forward
 
 # Which third of an expert a checkpoint tensor is: w1 = gate, w3 = up, w2 = down (Mixtral's
 # names; Qwen's gate_proj / up_proj / down_proj map onto them).
@@ -51,6 +54,16 @@ class ExpertRange(NamedTuple):
 
     def holds(self, expert_id: int) -> bool:
         return self.start <= expert_id < self.end
+
+    @classmethod
+    def for_rank(cls, num_experts: int, ep: GroupHandle) -> ExpertRange:
+        """EP rank r's experts: the r-th of ep.size equal contiguous slices."""
+        if num_experts % ep.size:
+            raise ValueError(
+                f"ep_size: {ep.size} does not divide the model's {num_experts} experts"
+            )
+        per_rank = num_experts // ep.size
+        return cls(ep.rank * per_rank, (ep.rank + 1) * per_rank)
 
 
 def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> TopKOutput:
@@ -94,21 +107,38 @@ class FusedMoE(nn.Module):
     def forward(self, hidden: torch.Tensor, topk: TopKOutput) -> torch.Tensor:
         """hidden [T, H] → [T, H] (hidden's dtype): Σ over each token's local top-k experts of
         weight × expert(x). Choices of experts outside `expert_range` add nothing."""
+        return self.forward_f32(hidden, topk).to(hidden.dtype)
+
+    def forward_f32(self, hidden: torch.Tensor, topk: TopKOutput) -> torch.Tensor:
+        """`forward` before the cast back: the float32 sum, for ranks to add up exactly."""
         top_k = topk.ids.shape[1]
         out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
-        flat_ids = topk.ids.reshape(-1)
-        rows = torch.argsort(flat_ids, stable=True)  # (token, choice) pairs grouped by expert
-        counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
         flat_weights = topk.weights.reshape(-1)
-        start = 0
-        for expert_id, count in enumerate(counts):
-            expert_rows, start = rows[start : start + count], start + count
-            if count == 0 or not self.expert_range.holds(expert_id):
-                continue
+        for expert_id, expert_rows in self._grouped(topk.ids.reshape(-1)):
             tokens = expert_rows // top_k
             y = self._expert(expert_id - self.expert_range.start, hidden[tokens])
             out.index_add_(0, tokens, y.float() * flat_weights[expert_rows, None])
-        return out.to(hidden.dtype)
+        return out
+
+    def forward_rows(self, rows: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        """Row i of rows [n, H] through expert `expert_ids[i]` (global ids, all held here),
+        unweighted: [n, H]. The receiving side of the all-to-all dispatch."""
+        out = torch.empty_like(rows)
+        for expert_id, idx in self._grouped(expert_ids):
+            out[idx] = self._expert(expert_id - self.expert_range.start, rows[idx])
+        return out
+
+    def _grouped(self, flat_ids: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+        """(expert id, positions in flat_ids choosing it, ascending) for each held expert with
+        any; experts in ascending order."""
+        rows = torch.argsort(flat_ids, stable=True)
+        counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
+        groups, start = [], 0
+        for expert_id, count in enumerate(counts):
+            expert_rows, start = rows[start : start + count], start + count
+            if count and self.expert_range.holds(expert_id):
+                groups.append((expert_id, expert_rows))
+        return groups
 
     def _expert(self, local_id: int, x: torch.Tensor) -> torch.Tensor:
         """One expert's SiLU-gated MLP on its tokens: x [n, H] → [n, H]."""
@@ -151,7 +181,11 @@ class FusedMoE(nn.Module):
 class SparseMoeBlock(nn.Module):
     """The MoE MLP of one decoder layer: `gate` (router, [E, H]), `experts`, and optionally a
     `shared_expert` (any dense MLP module [T, H] → [T, H], built by the model) every token
-    passes through, scaled by sigmoid(`shared_expert_gate` · x) (Qwen2-MoE)."""
+    passes through, scaled by sigmoid(`shared_expert_gate` · x) (Qwen2-MoE).
+
+    Under expert parallelism (`ep` of size > 1) this rank holds its `ExpertRange.for_rank`
+    slice and `a2a_backend` (none | all_to_all, `layers.moe_dispatch`) joins the ranks' shares.
+    """
 
     def __init__(
         self,
@@ -159,9 +193,14 @@ class SparseMoeBlock(nn.Module):
         hidden_size: int,
         shared_expert: nn.Module | None = None,
         expert_range: ExpertRange | None = None,
+        ep: GroupHandle | None = None,
+        a2a_backend: str = "none",
     ) -> None:
         super().__init__()
         self.top_k, self.renormalize = moe.top_k, moe.norm_topk_prob
+        self.ep, self.a2a_backend = ep or GroupHandle.single(), a2a_backend
+        if self.ep.size > 1:
+            expert_range = ExpertRange.for_rank(moe.num_experts, self.ep)
         self.gate = Linear(hidden_size, moe.num_experts, bias=False)
         self.experts = FusedMoE(
             moe.num_experts, hidden_size, moe.moe_intermediate_size, expert_range
@@ -172,7 +211,7 @@ class SparseMoeBlock(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [T, H] → [T, H]."""
         topk = select_experts(self.gate(hidden), self.top_k, self.renormalize)
-        out = self.experts(hidden, topk)
+        out = ep_moe_forward(self.experts, hidden, topk, self.ep, self.a2a_backend)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(hidden)) * self.shared_expert(hidden)
         return out

@@ -170,11 +170,16 @@ class LlamaForCausalLM(CausalLM):
     def __init__(self, config: ModelConfig, groups: ParallelGroups | None = None) -> None:
         super().__init__()
         self.config = config
-        tp = (groups or ParallelGroups.single()).tp
-        self.model = LlamaModel(config, tp, self.make_mlp)
+        groups = groups or ParallelGroups.single()
+        tp = groups.tp
+        self.model = LlamaModel(config, tp, self.mlp_factory(groups))
         tie = self.model.embed_tokens if config.tie_word_embeddings else None
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp, tie)
         self.logits_processor = LogitsProcessor()
+
+    def mlp_factory(self, groups: ParallelGroups) -> MlpFactory:
+        """What builds each decoder layer's MLP (MoE architectures add their EP layout)."""
+        return self.make_mlp
 
     @staticmethod
     def make_mlp(config: ModelConfig, layer_id: int, tp: GroupHandle) -> nn.Module:

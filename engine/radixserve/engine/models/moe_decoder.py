@@ -16,14 +16,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
+from functools import partial
 
 from torch import nn
 
 from radixserve.engine.configs.model_config import ModelConfig
-from radixserve.engine.distributed import GroupHandle
+from radixserve.engine.distributed import GroupHandle, ParallelGroups
 from radixserve.engine.layers.moe import ExpertShard, FusedMoE, SparseMoeBlock
 from radixserve.engine.model_loader.weight import Weight, read_full
-from radixserve.engine.models.llama import LlamaForCausalLM, dense_mlp
+from radixserve.engine.models.llama import LlamaForCausalLM, MlpFactory, dense_mlp
 
 _EXPERT = re.compile(
     r"^(?P<experts>.+\.mlp\.experts)\.(?P<expert>\d+)\."
@@ -48,10 +49,20 @@ _Seen = set[tuple[str, int, ExpertShard]]
 class MoeForCausalLM(LlamaForCausalLM):
     """A Llama-shaped decoder whose sparse layers' MLP is a SparseMoeBlock."""
 
+    def mlp_factory(self, groups: ParallelGroups) -> MlpFactory:
+        return partial(self.make_mlp, ep=groups.ep, a2a_backend=groups.moe_a2a_backend)
+
     @staticmethod
-    def make_mlp(config: ModelConfig, layer_id: int, tp: GroupHandle) -> nn.Module:
+    def make_mlp(
+        config: ModelConfig,
+        layer_id: int,
+        tp: GroupHandle,
+        ep: GroupHandle | None = None,
+        a2a_backend: str = "none",
+    ) -> nn.Module:
         """SparseMoeBlock on sparse layers, else the dense MLP. Under TP the routed experts are
-        replicated on every rank (same output everywhere) and a shared expert is Llama's
+        replicated on every rank of an EP group and partitioned over its `ep` ranks (one
+        contiguous slice each, joined by `a2a_backend`); a shared expert is Llama's
         tensor-parallel MLP at `shared_expert_intermediate_size`."""
         moe = config.moe
         if moe is None or not moe.is_sparse_layer(layer_id):
@@ -62,7 +73,7 @@ class MoeForCausalLM(LlamaForCausalLM):
             if shared_size
             else None
         )
-        return SparseMoeBlock(moe, config.hidden_size, shared)
+        return SparseMoeBlock(moe, config.hidden_size, shared, ep=ep, a2a_backend=a2a_backend)
 
     def checkpoint_name(self, name: str) -> str:
         """Checkpoint tensor name → our parameter path (Mixtral renames its MoE block)."""
