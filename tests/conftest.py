@@ -49,7 +49,9 @@ def hf_smollm(smollm_source: Any) -> Any:
 def smollm_engine() -> Iterator[Any]:
     from radixserve.engine import EngineCore as Engine
 
-    engine = Engine(model_path=SMOLLM, max_total_tokens=16384)
+    # float32 pinned: the parity tests compare with transformers in float32, whatever the
+    # serving default dtype is.
+    engine = Engine(model_path=SMOLLM, max_total_tokens=16384, dtype="float32")
     yield engine
     engine.shutdown()
 
