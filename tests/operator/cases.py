@@ -63,10 +63,18 @@ SMOLLM_AUTOSCALED: dict[str, Any] = {
     },
 }
 
+# One Secret, two keys: the API key (default key name) and the router's admin key.
+SMOLLM_KEYS: dict[str, Any] = {
+    **SMOLLM_CPU,
+    "apiKeySecretRef": {"name": "chat-keys"},
+    "router": {**SMOLLM_CPU["router"], "adminKeySecretRef": {"name": "chat-keys", "key": "admin"}},
+}
+
 CASES = {
     "smollm-cpu": SMOLLM_CPU,
     "moe-gpu": MOE_GPU,
     "pvc-suspended": PVC_SUSPENDED,
     "hostpath-tp": HOSTPATH_TP,
     "smollm-autoscaled": SMOLLM_AUTOSCALED,
+    "smollm-keys": SMOLLM_KEYS,
 }

@@ -9,7 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 from radixserve.operator.config import ENGINE_HTTP_PORT, KV_EVENTS_PORT
-from radixserve.operator.meta import ENGINE, Owner, engine_name, labels, object_meta, selector
+from radixserve.operator.meta import (
+    ENGINE,
+    Owner,
+    engine_name,
+    labels,
+    object_meta,
+    secret_env,
+    selector,
+)
 from radixserve.operator.schema import (
     BuiltinSource,
     EngineSpec,
@@ -18,6 +26,7 @@ from radixserve.operator.schema import (
     InferenceServiceSpec,
     PvcSource,
 )
+from radixserve.operator.spec import API_KEY_ENV
 
 MODELS_DIR = "/models"
 HF_HOME = "/cache/huggingface"
@@ -125,6 +134,8 @@ def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
     source = spec.model.source
     if isinstance(source, HuggingFaceSource):
         ours.append({"name": "HF_HOME", "value": HF_HOME})  # the download goes to the emptyDir
+    if spec.api_key is not None:
+        ours.append(secret_env(API_KEY_ENV, spec.api_key))  # the spec parser refuses a user's
     user = [dict(item) for item in spec.engine.env]
     overridden = {item["name"] for item in user}
     return [item for item in ours if item["name"] not in overridden] + user

@@ -17,6 +17,7 @@ from radixserve.operator.config import (
     MANAGED_BY,
     SERVICE_PORT,
 )
+from radixserve.operator.schema import SecretKeyRef
 
 ENGINE = "engine"
 ROUTER = "router"
@@ -71,6 +72,12 @@ def object_meta(owner: Owner, name: str, component: str) -> dict[str, Any]:
         "labels": labels(owner.name, component),
         "ownerReferences": [owner.reference()],
     }
+
+
+def secret_env(name: str, ref: SecretKeyRef) -> dict[str, Any]:
+    """An env var whose value the kubelet reads from the Secret: the key stays out of the
+    pod spec, its args and the operator's logs."""
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
 
 
 def service_url(name: str, namespace: str) -> str:

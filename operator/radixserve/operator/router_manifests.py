@@ -14,11 +14,16 @@ from radixserve.operator.meta import (
     labels,
     object_meta,
     router_name,
+    secret_env,
     selector,
 )
 from radixserve.operator.schema import InferenceServiceSpec
 
 ROUTER_REQUESTS = MappingProxyType({"cpu": "100m", "memory": "256Mi"})
+# The router's secret flags read from these when unset (radixserve.router.config).
+ROUTER_KEY_ENV = "RADIXSERVE_ROUTER_API_KEY"
+ROUTER_WORKER_KEY_ENV = "RADIXSERVE_ROUTER_WORKER_API_KEY"
+ROUTER_ADMIN_KEY_ENV = "RADIXSERVE_ROUTER_ADMIN_KEY"
 
 
 def router_args(owner: Owner, spec: InferenceServiceSpec) -> list[str]:
@@ -30,6 +35,18 @@ def router_args(owner: Owner, spec: InferenceServiceSpec) -> list[str]:
     args += ["--balance-abs-threshold", str(r.balance_abs_threshold)]
     args += ["--balance-rel-threshold", str(r.balance_rel_threshold)]
     return args
+
+
+def router_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """spec.apiKeySecretRef: what clients must send and what the router sends to the engines;
+    spec.router.adminKeySecretRef: the admin API's key. Env from the Secrets, never args."""
+    env: list[dict[str, Any]] = []
+    if spec.api_key is not None:
+        env += [secret_env(ROUTER_KEY_ENV, spec.api_key)]
+        env += [secret_env(ROUTER_WORKER_KEY_ENV, spec.api_key)]
+    if spec.router.admin_key is not None:
+        env.append(secret_env(ROUTER_ADMIN_KEY_ENV, spec.router.admin_key))
+    return env
 
 
 def router_service_account(owner: Owner) -> dict[str, Any]:
@@ -77,7 +94,7 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
 
 
 def router_deployment(owner: Owner, spec: InferenceServiceSpec, image: str) -> dict[str, Any]:
-    container = {
+    container: dict[str, Any] = {
         "name": ROUTER,
         "image": spec.router.image or image,
         "command": ["radixserve"],
@@ -90,6 +107,9 @@ def router_deployment(owner: Owner, spec: InferenceServiceSpec, image: str) -> d
         "livenessProbe": _probe("/health", 10, 3),
         "securityContext": {"allowPrivilegeEscalation": False},
     }
+    env = router_env(spec)
+    if env:
+        container["env"] = env
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

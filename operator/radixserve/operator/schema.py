@@ -20,6 +20,15 @@ class SpecError(ValueError):
 
 
 @dataclass(frozen=True)
+class SecretKeyRef:
+    """One key of a Secret in the InferenceService's namespace; its value reaches the pods
+    only as an env var from a secretKeyRef, never as an argument."""
+
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
 class BuiltinSource:
     alias: str
 
@@ -115,6 +124,7 @@ class RouterSpec:
     cache_threshold: float = 0.3
     balance_abs_threshold: int = 64
     balance_rel_threshold: float = 1.5
+    admin_key: SecretKeyRef | None = None  # opens the router's admin API (/workers)
 
 
 @dataclass(frozen=True)
@@ -143,6 +153,7 @@ class InferenceServiceSpec:
     router: RouterSpec = RouterSpec()
     autoscaling: Autoscaling | None = None
     suspend: bool = False
+    api_key: SecretKeyRef | None = None  # clients → router → engines, one key
 
     @property
     def engine_replicas(self) -> int:

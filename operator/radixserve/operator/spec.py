@@ -28,6 +28,7 @@ from radixserve.operator.schema import (
     Resources,
     RouterSpec,
     Scheduler,
+    SecretKeyRef,
     SpecError,
 )
 
@@ -39,6 +40,10 @@ AUTOSCALING_METRICS = ("requests", "queuedRequests", "kvTokenUsage")
 MAX_STABILIZATION_S = 3600  # the HPA API's own limit for stabilizationWindowSeconds
 MAX_NAME_LENGTH = 56  # children add "-engine" / "-router"; Service names are ≤ 63
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+# Env vars the operator fills from secretKeyRefs (spec.engine.env may not set them).
+API_KEY_ENV = "RADIXSERVE_API_KEY"
 _QUANTITY = re.compile(
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
@@ -64,6 +69,7 @@ MANAGED_ENGINE_FLAGS = MappingProxyType(
         "--schedule-policy": "spec.engine.scheduler.policy",
         "--chunked-prefill-size": "spec.engine.scheduler.chunkedPrefillSize",
         "--max-running-requests": "spec.engine.scheduler.maxRunningRequests",
+        "--api-key": "spec.apiKeySecretRef (a Secret, so the key is never in the pod's args)",
     }
 )
 _TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
@@ -147,7 +153,7 @@ def parse_spec(spec: Mapping[str, Any] | None, name: str) -> InferenceServiceSpe
     """Validate and normalise one InferenceService spec (with the CRD's defaults)."""
     validate_name(name)
     r = _Reader(spec, "spec")
-    r.only("model", "engine", "router", "autoscaling", "suspend")
+    r.only("model", "engine", "router", "autoscaling", "suspend", "apiKeySecretRef")
     return InferenceServiceSpec(
         model=_model(r.child("model", required=True)),
         engine=_engine(r.child("engine")),
@@ -156,7 +162,23 @@ def parse_spec(spec: Mapping[str, Any] | None, name: str) -> InferenceServiceSpe
             _autoscaling(r.child("autoscaling")) if r.data.get("autoscaling") is not None else None
         ),
         suspend=r.boolean("suspend", False),
+        api_key=_secret_ref(r, "apiKeySecretRef", "api-key"),
     )
+
+
+def _secret_ref(parent: _Reader, field: str, default_key: str) -> SecretKeyRef | None:
+    """`{name, key}` of a Secret in the same namespace (key defaults to `default_key`)."""
+    if parent.data.get(field) is None:
+        return None
+    r = parent.child(field)
+    r.only("name", "key")
+    name = r.string("name", None)
+    if name is None or len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+        raise SpecError(r.at("name"), f"must be a Secret name (a DNS subdomain), got {name!r}")
+    key = r.string("key", default_key) or default_key
+    if len(key) > 253 or not _SECRET_KEY.match(key):
+        raise SpecError(r.at("key"), f"must be a Secret data key ([-._a-zA-Z0-9]+), got {key!r}")
+    return SecretKeyRef(name=name, key=key)
 
 
 def _model(r: _Reader) -> ModelSpec:
@@ -316,6 +338,10 @@ def _env(r: _Reader) -> tuple[Mapping[str, Any], ...]:
         e.only("name", "value", "valueFrom")
         if e.string("name", None) is None:
             raise SpecError(e.at("name"), "is required")
+        if e.data["name"] == API_KEY_ENV:
+            raise SpecError(
+                e.at("name"), f"{API_KEY_ENV} is set by the operator from spec.apiKeySecretRef"
+            )
         value = e.data.get("value")
         if value is not None and not isinstance(value, str):
             raise SpecError(e.at("value"), f"must be a string, got {value!r}")
@@ -346,7 +372,7 @@ def _tolerations(r: _Reader) -> tuple[Mapping[str, Any], ...]:
 
 
 def _router(r: _Reader) -> RouterSpec:
-    r.only("replicas", "image", "policy", "cacheAware")
+    r.only("replicas", "image", "policy", "cacheAware", "adminKeySecretRef")
     c = r.child("cacheAware")
     c.only("cacheThreshold", "balanceAbsThreshold", "balanceRelThreshold")
     threshold = c.number("cacheThreshold", 0.3)
@@ -362,6 +388,7 @@ def _router(r: _Reader) -> RouterSpec:
         cache_threshold=threshold,
         balance_abs_threshold=c.integer("balanceAbsThreshold", 64, 0) or 0,
         balance_rel_threshold=rel,
+        admin_key=_secret_ref(r, "adminKeySecretRef", "admin-key"),
     )
 
 

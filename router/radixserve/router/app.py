@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from radixserve.router.admin import install_admin_routes
+from radixserve.router.auth import ClientKeyMiddleware
 from radixserve.router.config import RouterConfig
 from radixserve.router.proxy import error_response, no_worker_response
 from radixserve.router.state import RouterState
@@ -119,4 +120,6 @@ def create_app(config: RouterConfig) -> FastAPI:
     install_inference_routes(app)
     install_health_routes(app)
     install_admin_routes(app)
+    if config.api_key:
+        app.add_middleware(ClientKeyMiddleware, api_key=config.api_key)
     return app

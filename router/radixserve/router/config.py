@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+# Secrets come from the environment (a Kubernetes secretKeyRef), never the command line.
+SECRET_FIELDS = ("api_key", "admin_key", "worker_api_key")
+SECRET_ENV_PREFIX = "RADIXSERVE_ROUTER_"
 POLICIES = ("cache_aware", "cost", "round_robin", "random", "power_of_two", "least_load")
 
 
@@ -54,9 +59,12 @@ class RouterConfig:
     retry_max_backoff_s: float = 2.0
     connect_timeout_s: float = 5.0
     request_timeout_s: float = 1800.0
-    # worker admin API (GET/POST/DELETE /workers); None: the admin API is closed
-    admin_key: str | None = None
-    worker_api_key: str | None = None
+    # bearer keys, never in repr (or logs); each also read from $RADIXSERVE_ROUTER_<FIELD>:
+    # api_key: what clients must send (None: open); admin_key: opens GET/POST/DELETE /workers
+    # (None: the admin API is closed); worker_api_key: what the router sends to the engines
+    api_key: str | None = field(default=None, repr=False)
+    admin_key: str | None = field(default=None, repr=False)
+    worker_api_key: str | None = field(default=None, repr=False)
     # Kubernetes discovery: EndpointSlices of a Service, ports by name
     k8s_service: str | None = None
     k8s_namespace: str | None = None
@@ -97,6 +105,7 @@ _HELP = MappingProxyType(
         ),
         "policy": "routing policy",
         "session_header": "request header that pins a session to one replica (sticky sessions)",
+        "api_key": "bearer key clients must send (all but /health, /readiness and the admin API)",
         "admin_key": "bearer key that opens GET/POST/DELETE /workers",
         "worker_api_key": "bearer key the router sends to the engines",
         "k8s_service": "discover engines from the EndpointSlices of this Service",
@@ -124,15 +133,23 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, default=f.default, choices=POLICIES, help=help_text)
         else:
             kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
+            if f.name in SECRET_FIELDS:
+                env = SECRET_ENV_PREFIX + f.name.upper()
+                help_text = f"{help_text} (default: ${env}, which keeps it off the command line)"
             parser.add_argument(flag, type=kind, default=f.default, help=help_text)
 
 
-def config_from_namespace(ns: argparse.Namespace) -> RouterConfig:
+def config_from_namespace(
+    ns: argparse.Namespace, environ: Mapping[str, str] = os.environ
+) -> RouterConfig:
     values: dict[str, Any] = {}
     for f in dataclasses.fields(RouterConfig):
         if f.name == "extra" or not hasattr(ns, f.name):
             continue
         values[f.name] = getattr(ns, f.name)
+    for name in SECRET_FIELDS:
+        if values.get(name) is None:
+            values[name] = environ.get(SECRET_ENV_PREFIX + name.upper()) or None
     urls: list[str] = []
     for item in values.get("worker_urls", ()):  # accept "a,b" as well as "a b"
         urls.extend(u for u in item.replace(",", " ").split() if u)

@@ -46,8 +46,10 @@ class TokenizerSource:
                 return self.tokenizer
             for worker in registry.available():
                 try:
-                    self.tokenizer = await RouterTokenizer.fetch(registry.client, worker.url)
-                    logger.warning("tokenizer loaded from=%s", worker.url)
+                    self.tokenizer = await RouterTokenizer.fetch(
+                        registry.client, worker.url, worker.headers()
+                    )
+                    logger.info("tokenizer loaded from=%s", worker.url)
                     return self.tokenizer
                 except (httpx.HTTPError, ValueError, KeyError) as exc:
                     logger.warning("tokenizer fetch failed from=%s error=%r", worker.url, exc)

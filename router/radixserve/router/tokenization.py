@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,9 +91,12 @@ class RouterTokenizer:
         )
 
     @classmethod
-    async def fetch(cls, client: httpx.AsyncClient, worker_url: str) -> RouterTokenizer:
-        """GET {worker_url}/get_tokenizer from a live engine (HTTP errors propagate)."""
-        resp = await client.get(worker_url.rstrip("/") + "/get_tokenizer")
+    async def fetch(
+        cls, client: httpx.AsyncClient, worker_url: str, headers: Mapping[str, str] | None = None
+    ) -> RouterTokenizer:
+        """GET {worker_url}/get_tokenizer from a live engine with `headers` (its API key);
+        HTTP errors propagate."""
+        resp = await client.get(worker_url.rstrip("/") + "/get_tokenizer", headers=headers)
         resp.raise_for_status()
         return cls.from_info(resp.json())
 
@@ -170,14 +174,22 @@ class RouterTokenizer:
         if not isinstance(body, dict):
             return None
         try:
-            if path == GENERATE_PATH:
-                return self._generate_tokens(body)
-            if path == COMPLETIONS_PATH:
-                return self._completion_tokens(body.get("prompt"))
-            if path == CHAT_PATH:
-                return self.encode_chat(body.get("messages"), body.get("chat_template_kwargs"))
+            ids = self._prompt_tokens(path, body)
         except ValueError:
             return None
+        if ids is None:
+            return None
+        # client-sent ids outside the vocabulary are the engine's 400, not a routing key
+        vocab = self.backend.get_vocab_size(with_added_tokens=True)
+        return ids if all(0 <= t < vocab for t in ids) else None
+
+    def _prompt_tokens(self, path: str, body: dict[str, Any]) -> list[int] | None:
+        if path == GENERATE_PATH:
+            return self._generate_tokens(body)
+        if path == COMPLETIONS_PATH:
+            return self._completion_tokens(body.get("prompt"))
+        if path == CHAT_PATH:
+            return self.encode_chat(body.get("messages"), body.get("chat_template_kwargs"))
         return None
 
     def _generate_tokens(self, body: dict[str, Any]) -> list[int] | None:

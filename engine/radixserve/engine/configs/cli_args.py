@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import types
 import typing
 from collections.abc import Mapping
@@ -12,6 +13,8 @@ from types import MappingProxyType
 from typing import Any
 
 from radixserve.engine.configs.server_args import ServerArgs
+
+API_KEY_ENV = "RADIXSERVE_API_KEY"  # how Kubernetes hands the engine a Secret (secretKeyRef)
 
 _HELP: Mapping[str, str] = MappingProxyType(
     {
@@ -24,7 +27,10 @@ _HELP: Mapping[str, str] = MappingProxyType(
         "enable_kv_events": "record radix-tree KV events (implied by --kv-events-port, needs it)",
         "kv_events_port": "publish radix-tree KV events on this port (replay on port + 1)",
         "kv_events_format": "KV-event encoding: map (SGLang 0.5.23 / vLLM 0.32) or array (0.5.6)",
-        "api_key": "require 'Authorization: Bearer KEY' on every endpoint but /health",
+        "api_key": (
+            "require 'Authorization: Bearer KEY' on every endpoint but /health "
+            f"(default: ${API_KEY_ENV}, which keeps the key out of the command line)"
+        ),
     }
 )
 _SCALARS = (bool, int, float, str)
@@ -51,5 +57,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, type=typ, default=default, help=_HELP.get(f.name))
 
 
-def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
-    return ServerArgs(**{f.name: getattr(ns, f.name) for f in fields(ServerArgs)})
+def server_args_from_namespace(
+    ns: argparse.Namespace, environ: Mapping[str, str] = os.environ
+) -> ServerArgs:
+    """ServerArgs from the parsed flags; `--api-key` falls back to $RADIXSERVE_API_KEY."""
+    values = {f.name: getattr(ns, f.name) for f in fields(ServerArgs)}
+    if values["api_key"] is None:
+        values["api_key"] = environ.get(API_KEY_ENV) or None
+    return ServerArgs(**values)

@@ -6,7 +6,7 @@ name the field, then passed down; lower layers receive only the slices they need
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from radixserve.engine.configs.model_config import ModelConfig
@@ -54,7 +54,7 @@ class ServerArgs:
     # serving
     host: str = "127.0.0.1"
     port: int = 30000
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # or $RADIXSERVE_API_KEY; never logged
     kv_events_port: int | None = None  # publish KV events on tcp://host:port (+1: replay)
     kv_events_format: str = "map"  # map: SGLang 0.5.23 / vLLM 0.32 consumers; array: SGLang 0.5.6
     skip_server_warmup: bool = False
