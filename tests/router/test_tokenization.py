@@ -253,6 +253,48 @@ def test_routing_tokens_of_other_paths_or_bodies_are_none(router_tok: RouterToke
     assert router_tok.routing_tokens("/generate", ["not", "an", "object"]) is None  # type: ignore[arg-type]
 
 
+# Bodies from outside: any JSON in the prompt fields (ids far outside the vocabulary and int64,
+# wrong types, odd messages). The router never raises; it routes by the engine's own ids or not
+# at all (None), never by ids the engine would refuse.
+_ANY_ID = st.integers(min_value=-(2**70), max_value=2**70) | st.integers(0, 49151)
+_JSON = st.recursive(
+    st.none() | st.booleans() | _ANY_ID | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+_IDS = st.lists(_ANY_ID, max_size=6)
+_MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant"]) | st.text(max_size=6)},
+    optional={"content": st.text(max_size=30) | _JSON},
+)
+_BODIES = st.one_of(
+    st.tuples(st.just("/generate"), st.fixed_dictionaries({}, optional={
+        "text": st.text(max_size=30) | st.lists(st.text(max_size=10), max_size=3) | _JSON,
+        "input_ids": _IDS | st.lists(_IDS, max_size=3) | _JSON,
+    })),
+    st.tuples(st.just("/v1/completions"), st.fixed_dictionaries({}, optional={
+        "prompt": st.text(max_size=30) | _IDS | st.lists(_IDS, max_size=3) | _JSON,
+    })),
+    st.tuples(st.just("/v1/chat/completions"), st.fixed_dictionaries({}, optional={
+        "messages": st.lists(_MESSAGE, max_size=3) | _JSON,
+    })),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=_BODIES)
+def test_routing_tokens_of_any_body_are_the_engines_or_none(
+    engine: EngineSide, router_tok: RouterTokenizer, case: tuple[str, dict[str, Any]]
+) -> None:
+    path, body = case
+    ids = router_tok.routing_tokens(path, body)
+    if ids is not None:
+        assert ids == engine_routing_ids(engine, path, body)
+        assert all(0 <= t < len(engine.tokenizer) for t in ids)
+
+
 # ---- against a live engine over HTTP ----------------------------------------------------------
 
 

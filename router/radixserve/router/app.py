@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from radixserve.protocol.http_api import INFERENCE_BODIES, openapi_with_bodies
 from radixserve.router.admin import install_admin_routes
 from radixserve.router.auth import ClientKeyMiddleware
 from radixserve.router.config import RouterConfig
@@ -120,6 +121,7 @@ def create_app(config: RouterConfig) -> FastAPI:
     install_inference_routes(app)
     install_health_routes(app)
     install_admin_routes(app)
+    app.openapi = openapi_with_bodies(app.openapi, INFERENCE_BODIES)  # type: ignore[method-assign]
     if config.api_key:
         app.add_middleware(ClientKeyMiddleware, api_key=config.api_key)
     return app

@@ -179,9 +179,10 @@ class RouterTokenizer:
             return None
         if ids is None:
             return None
-        # client-sent ids outside the vocabulary are the engine's 400, not a routing key
+        # an empty prompt or client-sent ids outside the vocabulary are the engine's 400, not a
+        # routing key
         vocab = self.backend.get_vocab_size(with_added_tokens=True)
-        return ids if all(0 <= t < vocab for t in ids) else None
+        return ids if ids and all(0 <= t < vocab for t in ids) else None
 
     def _prompt_tokens(self, path: str, body: dict[str, Any]) -> list[int] | None:
         if path == GENERATE_PATH:
@@ -200,13 +201,10 @@ class RouterTokenizer:
             return self.encode_prompt(text)
         if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
             return self.encode_prompt(text[0])
-        # the engine accepts bools as ids (int(True) == 1); the router needs plain ints
-        if isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids):
-            return [int(t) for t in ids]
-        if isinstance(ids, list) and ids and all(isinstance(x, list) for x in ids):
-            first = ids[0]
-            if first and all(isinstance(t, int) for t in first):
-                return [int(t) for t in first]
+        if isinstance(ids, list) and _is_ids(ids):  # a bool is no token id (the engine refuses it)
+            return list(ids)
+        if isinstance(ids, list) and ids and all(_is_ids(x) for x in ids):
+            return list(ids[0])
         return None
 
     def _completion_tokens(self, prompt: Any) -> list[int] | None:

@@ -48,6 +48,7 @@ from radixserve.engine.entrypoints.request_builder import (
 from radixserve.engine.entrypoints.server_state import ServerState
 from radixserve.engine.ipc.finish_reason import FinishAbort
 from radixserve.engine.managers.tokenizer_manager import GenerateInput
+from radixserve.protocol.http_api import ENGINE_BODIES, openapi_with_bodies
 
 logger = logging.getLogger(__name__)
 
@@ -268,4 +269,5 @@ def create_app(state: ServerState) -> FastAPI:
         app.add_middleware(ApiKeyMiddleware, api_key=state.args.api_key)
     install_native_routes(app)
     install_openai_routes(app)
+    app.openapi = openapi_with_bodies(app.openapi, ENGINE_BODIES)  # type: ignore[method-assign]
     return app

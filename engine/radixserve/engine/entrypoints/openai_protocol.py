@@ -1,5 +1,6 @@
-"""OpenAI request models and the pure helpers that turn requests into engine inputs and engine
-chunks into OpenAI response pieces (finish reasons, usage, logprobs).
+"""OpenAI request models (defined in radixserve.protocol.http_api) and the pure helpers that
+turn requests into engine inputs and engine chunks into OpenAI response pieces (finish reasons,
+usage, logprobs).
 
 Field checks split two ways: pydantic checks types and the few OpenAI-only bounds (n, logprobs);
 sampling ranges are left to the edge's one validation step (`request_builder.build_inputs`) so
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from radixserve.engine.entrypoints.http_errors import HTTPError, read_json_object
 from radixserve.engine.entrypoints.request_builder import (
@@ -27,10 +28,30 @@ from radixserve.engine.entrypoints.request_builder import (
 )
 from radixserve.engine.ipc.finish_reason import FinishAbort, FinishLength, FinishReason
 from radixserve.engine.managers.tokenizer_manager import GenerateChunk, GenerateInput
+from radixserve.protocol.http_api import (
+    COMPLETION_DEFAULT_MAX_TOKENS,
+    MAX_N,
+    MAX_TOP_LOGPROBS,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    ContentPart,
+    SamplingRequest,
+    StreamOptions,
+)
 
-MAX_N = 128
-MAX_TOP_LOGPROBS = 20
-COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's and SGLang's default for /v1/completions
+__all__ = [  # the request models live in radixserve.protocol (the router publishes them too)
+    "COMPLETION_DEFAULT_MAX_TOKENS",
+    "MAX_N",
+    "MAX_TOP_LOGPROBS",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "CompletionRequest",
+    "ContentPart",
+    "SamplingRequest",
+    "StreamOptions",
+]
+
 MIN_LOGPROB = -9999.0  # stands in for -inf / NaN, which JSON cannot carry
 
 # Engine parameter name → OpenAI name, for error messages.
@@ -40,105 +61,6 @@ _RENAMES = {
     "sampling_seed": "seed",
 }
 _ENGINE_NAME = re.compile(r"\b(" + "|".join(_RENAMES) + r")\b")
-# Request fields passed to the engine under the same name when set.
-_SAME_NAME = (
-    "temperature",
-    "top_p",
-    "n",
-    "stop",
-    "frequency_penalty",
-    "presence_penalty",
-    "logit_bias",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "ignore_eos",
-    "skip_special_tokens",
-    "spaces_between_special_tokens",
-    "no_stop_trim",
-    "stop_token_ids",
-)
-
-
-class StreamOptions(BaseModel):
-    include_usage: bool = False
-
-
-class _SamplingRequest(BaseModel):
-    """Fields shared by completions and chat: OpenAI's, then SGLang's extras."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int = Field(1, ge=1, le=MAX_N)
-    stop: Any = None  # str | list[str]: checked by SamplingParams
-    seed: int | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    user: str | None = None  # accepted and ignored
-    # SGLang extras
-    top_k: int | None = None
-    min_p: float | None = None
-    min_tokens: int | None = None
-    repetition_penalty: float | None = None
-    ignore_eos: bool | None = None
-    skip_special_tokens: bool | None = None
-    spaces_between_special_tokens: bool | None = None
-    no_stop_trim: bool | None = None
-    stop_token_ids: list[int] | None = None
-
-    @property
-    def include_usage(self) -> bool:
-        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
-
-    def sampling_params(self, max_new_tokens: int | None) -> dict[str, Any]:
-        """The engine's sampling_params dict (only what was set; the engine has the defaults)."""
-        params = {k: getattr(self, k) for k in _SAME_NAME if getattr(self, k) is not None}
-        if max_new_tokens is not None:
-            params["max_new_tokens"] = max_new_tokens
-        if self.min_tokens is not None:
-            params["min_new_tokens"] = self.min_tokens
-        if self.seed is not None:
-            params["sampling_seed"] = self.seed
-        return params
-
-
-class CompletionRequest(_SamplingRequest):
-    prompt: Any  # str | list[str] | list[int] | list[list[int]]: see prompt_list
-    max_tokens: int | None = COMPLETION_DEFAULT_MAX_TOKENS
-    echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    suffix: str | None = None
-
-
-class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: str
-    text: str | None = None
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    role: str
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-
-
-class ChatCompletionRequest(_SamplingRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
 
 
 # ---- parsing ----------------------------------------------------------------------------------
@@ -161,7 +83,7 @@ async def parse_body(request: Request, model: type[BaseModel]) -> Any:
         raise InvalidRequest(describe_validation_error(exc)) from None
 
 
-def check_model(req: _SamplingRequest, served: str) -> None:
+def check_model(req: SamplingRequest, served: str) -> None:
     """A request may omit `model`; one that names it must name the served model."""
     if req.model is not None and req.model != served:
         raise InvalidRequest(f"model: The model `{req.model}` does not exist.")

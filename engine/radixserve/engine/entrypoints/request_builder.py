@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from radixserve.engine.managers.tokenizer_manager import GenerateInput
 from radixserve.engine.sampling import SamplingParams
+from radixserve.protocol.http_api import MAX_N, MAX_TOP_LOGPROBS
 
 Tokenize = Callable[[str], list[int]]
 
@@ -135,12 +136,15 @@ def build_inputs(
     Without `check_lengths` (the in-process EngineCore) an empty or overlong prompt is left to
     the scheduler, which finishes it with an abort reason and runs the rest of the batch.
     """
-    if options.top_logprobs_num < 0:
-        raise InvalidRequest(f"top_logprobs_num: must be >= 0, got {options.top_logprobs_num}")
+    top = options.top_logprobs_num
+    if not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise InvalidRequest(f"top_logprobs_num: must be in [0, {MAX_TOP_LOGPROBS}], got {top}")
     want_lp = options.return_logprob or options.top_logprobs_num > 0
     out: list[GenerateInput] = []
     for prompt, raw in zip(prompts, raw_params, strict=True):
         params = parse_params(raw, limits.vocab_size)
+        if params.n > MAX_N:  # each sample is a request of its own: bound the fan-out
+            raise InvalidRequest(f"n: must be <= {MAX_N}, got {params.n}")
         if any(not 0 <= t < limits.vocab_size for t in prompt.input_ids):
             raise InvalidRequest(f"input_ids: token ids must be in [0, {limits.vocab_size})")
         if check_lengths:

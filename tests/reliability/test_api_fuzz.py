@@ -1,0 +1,70 @@
+"""Bad input: schemathesis against the engine's and the router's own OpenAPI documents.
+
+Every generated body (conforming to the published schema, or violating it) gets no 5xx and
+every 4xx is the error object naming its field; a well-formed request running beside the
+fuzzer is never harmed; the server is healthy afterwards. The oracle is the schema itself
+(schemathesis derives the cases from what /openapi.json says) and the HTTP status contract.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.engine.server.live_server import LiveServer
+from tests.reliability.api_fuzz import cases_per_route, fuzz, steady_traffic
+from tests.router.router_proc import Router
+
+ENGINE_PATHS = [
+    "/generate",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/tokenize",
+    "/detokenize",
+    "/abort_request",
+]
+ROUTER_PATHS = ["/generate", "/v1/completions", "/v1/chat/completions"]
+WELL_FORMED = {
+    "input_ids": [5, 6, 7, 8],
+    "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+}
+
+
+def _well_formed(base_url: str) -> httpx.Response:
+    return httpx.post(base_url + "/generate", json=WELL_FORMED, timeout=300)
+
+
+def _check_healthy(base_url: str) -> None:
+    assert httpx.get(base_url + "/health", timeout=30).status_code == 200
+    resp = _well_formed(base_url)
+    assert resp.status_code == 200, resp.text
+    assert len(resp.json()["output_ids"]) == 8
+
+
+def _fuzz_and_check(base_url: str, paths: list[str]) -> None:
+    def send(client: httpx.Client) -> httpx.Response:
+        return client.post(base_url + "/generate", json=WELL_FORMED)
+
+    with steady_traffic(send) as beside:
+        report = fuzz(base_url, paths, cases_per_route())
+    print(f"fuzz {base_url}: {report.total} cases {dict(report.cases)} {dict(report.statuses)}")
+    assert not report.failures, "\n".join(report.failures[:20])
+    assert not beside, beside[:5]
+    assert report.total >= len(paths) * 2 * min(cases_per_route(), 10)
+    _check_healthy(base_url)
+
+
+def test_openapi_describes_the_bodies(tiny_server: LiveServer, tiny_router: Router) -> None:
+    for url, paths in ((tiny_server.base_url, ENGINE_PATHS), (tiny_router.url, ROUTER_PATHS)):
+        doc = httpx.get(url + "/openapi.json", timeout=30).json()
+        for path in paths:
+            body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+            name = body["schema"]["$ref"].rsplit("/", 1)[1]
+            assert doc["components"]["schemas"][name]["properties"], (url, path)
+
+
+def test_engine_survives_fuzzing(tiny_server: LiveServer) -> None:
+    _fuzz_and_check(tiny_server.base_url, ENGINE_PATHS)
+
+
+def test_router_survives_fuzzing(tiny_server: LiveServer, tiny_router: Router) -> None:
+    _fuzz_and_check(tiny_router.url, ROUTER_PATHS)
