@@ -4,13 +4,13 @@ router and operator never pay for (or need) torch."""
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Callable, Sequence
 
 from radixserve.bench.cli import add_bench_parser
 from radixserve.demo import add_demo_parser
 from radixserve.local_stack import add_up_parser
+from radixserve.logging_setup import LOG_LEVELS, configure_logging
 from radixserve.operator_cli import add_operator_parser
 from radixserve.router_cli import add_router_parser
 from radixserve.serve_cli import add_serve_parser
@@ -20,9 +20,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixserve", description=__doc__)
-    parser.add_argument(
-        "--log-level", default="warning", choices=["debug", "info", "warning", "error"]
-    )
+    parser.add_argument("--log-level", default="warning", choices=LOG_LEVELS)
     sub = parser.add_subparsers(dest="command", required=True)
     add_demo_parser(sub)
     add_bench_parser(sub)
@@ -36,10 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-    )
+    try:  # each subcommand has --log-format (the engine's is a ServerArgs field)
+        configure_logging(args.log_level, getattr(args, "log_format", "text"), args.command)
+    except ValueError as exc:
+        print(f"radixserve: error: {exc}", file=sys.stderr)
+        return 2
     handler: Handler = args.handler
     try:
         return handler(args)

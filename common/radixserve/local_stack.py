@@ -22,6 +22,8 @@ from typing import Any
 
 import httpx
 
+from radixserve.logging_setup import add_logging_args
+
 STARTUP_TIMEOUT_S = 600
 STOP_GRACE_S = 10
 
@@ -55,6 +57,7 @@ def add_up_parser(sub: Any) -> None:
     p.add_argument("--engine-args", default="", help='extra `serve` flags, e.g. "--page-size 16"')
     p.add_argument("--router-args", default="", help="extra `router` flags")
     p.add_argument("--log-dir", default="/tmp/radixserve-up")
+    add_logging_args(p)
     p.set_defaults(handler=run_up)
 
 
@@ -73,6 +76,7 @@ def start_replica(args: argparse.Namespace, index: int) -> Replica:
     cmd = [
         _console_script(), "serve", "--model-path", args.model_path,
         "--host", "127.0.0.1", "--port", str(port), "--kv-events-port", str(kv_port),
+        "--log-format", args.log_format,
         *shlex.split(args.engine_args),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads_per_replica)}
@@ -143,6 +147,7 @@ def run_up(args: argparse.Namespace) -> int:
         ]  # fmt: skip
         router_args = parser.parse_args(router_argv)
         router_args.log_level = args.log_level
+        router_args.log_format = args.log_format
         print(_banner(args), flush=True)
         return int(router_args.handler(router_args))
     except KeyboardInterrupt:

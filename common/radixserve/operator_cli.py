@@ -6,6 +6,8 @@ import argparse
 import dataclasses
 from typing import Any
 
+from radixserve.logging_setup import add_logging_args
+
 
 def add_operator_parser(sub: Any) -> None:
     p = sub.add_parser("operator", help="run the Kubernetes operator for InferenceServices")
@@ -23,6 +25,7 @@ def add_operator_parser(sub: Any) -> None:
         default="http://0.0.0.0:8080/healthz",
         help="kopf's health endpoint for the pod's probes ('' disables)",
     )
+    add_logging_args(p)
     p.set_defaults(handler=run_operator)
 
 

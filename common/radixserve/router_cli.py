@@ -6,12 +6,15 @@ import argparse
 import logging
 from typing import Any
 
+from radixserve.logging_setup import RequestIdMiddleware, add_logging_args, status_line
+
 
 def add_router_parser(sub: Any) -> None:
     from radixserve.router.config import add_router_args
 
     p = sub.add_parser("router", help="run the cache-aware router in front of engine replicas")
     add_router_args(p)
+    add_logging_args(p)
     p.set_defaults(handler=run_router)
 
 
@@ -25,7 +28,13 @@ def run_router(args: argparse.Namespace) -> int:
     if args.log_level != "debug":  # one line per proxied request is the access log's job
         logging.getLogger("httpx").setLevel(logging.WARNING)
     if not config.worker_urls and not config.k8s_service:
-        print("radixserve router: no --worker-urls or --k8s-service: add workers via POST /workers")
+        status_line(
+            "radixserve router: no --worker-urls or --k8s-service: add workers via POST /workers"
+        )
     app = create_app(config)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level)
+    app.add_middleware(RequestIdMiddleware)  # outermost: every record of a request has its id
+    # log_config=None: uvicorn's records go to our root handler, in --log-format
+    uvicorn.run(
+        app, host=config.host, port=config.port, log_level=args.log_level, log_config=None
+    )
     return 0

@@ -99,8 +99,10 @@ def test_defaults_are_valid() -> None:
     args = ServerArgs()
     assert args.page_size == 1
     assert args.max_prefill_tokens == 16384
-    assert args.schedule_policy == "fcfs"
-    assert args.chunk_size is None
+    assert args.schedule_policy == "lpm"
+    assert args.chunk_size == 1024  # CPU default
+    assert not args.overlap_schedule  # off on CPU
+    assert args.resolved_attention_backend == "grouped"
 
 
 def test_unknown_kwarg_is_rejected_by_name() -> None:
@@ -145,17 +147,56 @@ def test_from_kwargs_builds_known_fields() -> None:
     assert (args.page_size, args.chunked_prefill_size, args.max_total_tokens) == (4, 64, 256)
 
 
-@pytest.mark.parametrize(("value", "expected"), [(-1, None), (None, None), (8, 8), (1, 1)])
-def test_chunk_size_property(value: int | None, expected: int | None) -> None:
-    assert ServerArgs(chunked_prefill_size=value).chunk_size == expected
+@pytest.mark.parametrize(
+    ("value", "device", "expected"),
+    [(-1, "cpu", None), (None, "cpu", 1024), (None, "cuda", None), (8, "cpu", 8), (1, "cpu", 1)],
+)
+def test_chunk_size_property(value: int | None, device: str, expected: int | None) -> None:
+    assert ServerArgs(chunked_prefill_size=value, device=device).chunk_size == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "device", "expected"),
+    [(None, "cpu", False), (None, "cuda", True), (True, "cuda", False), (False, "cpu", True)],
+)
+def test_overlap_schedule_default_is_per_device(
+    value: bool | None, device: str, expected: bool
+) -> None:
+    assert ServerArgs(disable_overlap_schedule=value, device=device).overlap_schedule is expected
+
+
+def test_auto_dtype_on_cpu_follows_the_cpu_flags() -> None:
+    from radixserve.engine.configs.cpu_features import cpu_has_bf16
+
+    expected = "bfloat16" if cpu_has_bf16() else "float32"
+    assert ServerArgs(dtype="auto", device="cpu").resolved_dtype == expected
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [("fpu avx512f avx512_bf16 amx_tile", True), ("fpu amx_bf16", True), ("fpu avx512f", False)],
+)
+def test_cpu_has_bf16_reads_cpuinfo_flags(tmp_path: Any, flags: str, expected: bool) -> None:
+    from radixserve.engine.configs.cpu_features import cpu_has_bf16
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
+    assert cpu_has_bf16(str(info)) is expected
+    assert cpu_has_bf16(str(tmp_path / "missing")) is False
 
 
 @pytest.mark.parametrize(
     ("dtype", "device", "expected"),
-    [("auto", "cpu", "float32"), ("auto", "cuda", "bfloat16"), ("float16", "cpu", "float16")],
+    [("auto", "cuda", "bfloat16"), ("float16", "cpu", "float16"), ("float32", "cpu", "float32")],
 )
 def test_resolved_dtype(dtype: str, device: str, expected: str) -> None:
     assert ServerArgs(dtype=dtype, device=device).resolved_dtype == expected
+
+
+def test_effective_settings_name_the_resolved_values() -> None:
+    line = ServerArgs(device="cpu", dtype="float32").effective_settings()
+    assert "dtype=float32" in line and "attention_backend=grouped" in line
+    assert "chunked_prefill_size=1024" in line and "overlap_schedule=False" in line
 
 
 def test_server_args_are_frozen() -> None:

@@ -1,6 +1,6 @@
 """Every metric the dashboard, the HPA and the KEDA example name is exported by our live
 processes: a real SmolLM2 engine (`radixserve serve`) and a real router in front of it, after a
-few requests, scraped over HTTP.
+few requests, scraped over HTTP (the `live` fixture in conftest.py, shared with the log tests).
 
 A name counts as exported when it is a sample name of the scrape (so `_bucket` / `_sum` /
 `_count` of a histogram and `_total` of a counter map to their family, as in PromQL).
@@ -10,83 +10,19 @@ from __future__ import annotations
 
 import json
 import re
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 
-import httpx
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from radixserve.operator.autoscaling import METRICS
 from tests.deploy.render import CHART, REPO
+from tests.observability.live_run import Scrape
 from tests.observability.promql import dashboard_queries, metric_names
-from tests.router.router_proc import router_proc, start_engine, wait_engines
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 DASHBOARD = CHART / "dashboards" / "radixserve.json"
 KEDA = REPO / "manifests" / "examples" / "keda-scaledobject.yaml"
-CHAT = {"model": "smollm2-135m", "max_tokens": 8, "temperature": 0}
-
-
-@dataclass(frozen=True)
-class Scrape:
-    """Sample name → (family name, family type), of each process."""
-
-    engine: dict[str, tuple[str, str]]
-    router: dict[str, tuple[str, str]]
-
-    @property
-    def all(self) -> dict[str, tuple[str, str]]:
-        return self.engine | self.router
-
-
-def _samples(text: str) -> dict[str, tuple[str, str]]:
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[sample.name] = (family.name, family.type)
-    return out
-
-
-def _scrape_when(client: httpx.Client, url: str, sample: str, timeout_s: float = 60) -> str:
-    """The /metrics text once `sample` is in it (the abort is counted asynchronously)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        text = client.get(url + "/metrics").text
-        if sample in _samples(text) or time.monotonic() > deadline:
-            return text
-        time.sleep(0.2)
-
-
-@pytest.fixture(scope="module")
-def scrape() -> Iterator[Scrape]:
-    engine = start_engine()
-    try:
-        wait_engines([engine])
-        with router_proc([engine.url], healthy=1) as router, httpx.Client(timeout=120) as client:
-            for text in ("Hello!", "Hello! What is the capital of France?"):
-                body = CHAT | {"messages": [{"role": "user", "content": text}]}
-                resp = client.post(router.url + "/v1/chat/completions", json=body)
-                assert resp.status_code == 200, resp.text
-            # 48 tokens, streamed: several output chunks, so inter-token latency is observed
-            stream = CHAT | {"prompt": "Once upon a time", "stream": True, "max_tokens": 48}
-            stream["ignore_eos"] = True
-            with client.stream("POST", router.url + "/v1/completions", json=stream) as resp:
-                assert resp.status_code == 200
-                events = [line for line in resp.iter_lines() if line.startswith("data:")]
-            assert events[-1] == "data: [DONE]" and len(events) > 3  # read to the end
-            # a client that goes away mid-stream: the engine aborts (and counts) the request
-            long = stream | {"max_tokens": 400}
-            with client.stream("POST", router.url + "/v1/completions", json=long) as resp:
-                next(line for line in resp.iter_lines() if line.startswith("data:"))
-            engine_text = _scrape_when(client, engine.url, "radixserve:num_aborted_requests_total")
-            router_text = client.get(router.url + "/metrics").text
-        yield Scrape(engine=_samples(engine_text), router=_samples(router_text))
-    finally:
-        engine.stop()
 
 
 def test_the_scrape_holds_what_the_requests_produced(scrape: Scrape) -> None:
@@ -94,6 +30,8 @@ def test_the_scrape_holds_what_the_requests_produced(scrape: Scrape) -> None:
     assert scrape.engine["radixserve:num_requests_total"] == ("radixserve:num_requests", "counter")
     ttft = scrape.engine["radixserve:time_to_first_token_seconds_bucket"]
     assert ttft == ("radixserve:time_to_first_token_seconds", "histogram")
+    queue = scrape.engine["radixserve:queue_time_seconds_bucket"]
+    assert queue == ("radixserve:queue_time_seconds", "histogram")
     assert scrape.router["radixserve_router_requests_total"][1] == "counter"
     assert not set(scrape.engine) & set(scrape.router)
 
@@ -115,6 +53,7 @@ def test_every_dashboard_expression_names_only_exported_metrics(scrape: Scrape) 
     for wanted in (
         "radixserve:generation_tokens", "radixserve:time_to_first_token_seconds",
         "radixserve:inter_token_latency_seconds", "radixserve:e2e_request_latency_seconds",
+        "radixserve:queue_time_seconds",
         "radixserve:num_running_reqs", "radixserve:num_queue_reqs", "radixserve:token_usage",
         "radixserve:cached_tokens", "radixserve_router_requests",
         "radixserve_router_cached_tokens", "radixserve_router_retries",

@@ -251,5 +251,5 @@ async def watch_endpoint_slices(config: RouterConfig, registry: WorkerRegistry) 
     if not config.k8s_service:
         raise ValueError("k8s_service: discovery needs a Service name")
     namespace = resolve_namespace(config.k8s_namespace)
-    logger.warning("k8s discovery: service=%s namespace=%s", config.k8s_service, namespace)
+    logger.info("k8s discovery: service=%s namespace=%s", config.k8s_service, namespace)
     await _SliceWatcher(config, registry, namespace, config.k8s_service).run()

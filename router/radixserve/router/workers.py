@@ -211,7 +211,7 @@ class WorkerRegistry:
                 self.index.add_target(key, worker.page_size, by_rank.get(key[1]))
             worker.healthy = worker.ever_healthy = True
             worker.breaker.reset()
-            logger.warning(
+            logger.info(
                 "worker healthy url=%s dp_size=%d page_size=%d kv_events=%s",
                 worker.url, worker.dp_size, worker.page_size, bool(by_rank),
             )  # fmt: skip

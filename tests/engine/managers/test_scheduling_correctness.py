@@ -52,9 +52,15 @@ def tiny_prompts() -> list[list[int]]:
 
 
 def plain_outputs(engine: Any, prompts: list[list[int]], params: dict[str, Any]) -> list[Any]:
-    """The plainest configuration: no cache sharing, no chunking, no overlap."""
+    """The plainest configuration: no cache sharing, no chunking, no overlap, and the
+    reference attention backend (every other case runs the device default, on CPU the
+    grouped backend, so the matrix also checks it against the reference token for token)."""
     plain = engine.with_args(
-        disable_radix_cache=True, disable_overlap_schedule=True, max_total_tokens=16384
+        disable_radix_cache=True,
+        disable_overlap_schedule=True,
+        chunked_prefill_size=-1,
+        attention_backend="torch",
+        max_total_tokens=16384,
     )
     try:
         return [o["output_ids"] for o in plain.generate(input_ids=prompts, sampling_params=params)]
@@ -123,6 +129,7 @@ def run_case(engine: Any, prompts: list[list[int]], case: tuple[Any, ...]) -> li
         schedule_policy=policy,
         page_size=page,
         max_total_tokens=6144,
+        disable_overlap_schedule=False,  # overlap is off by default on CPU; test it here
     )
     try:
         outs = configured.generate(input_ids=prompts, sampling_params=GREEDY)

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from radixserve.engine.attention.base import AttentionBackend
+from radixserve.engine.attention.grouped_backend import GroupedAttnBackend
 from radixserve.engine.attention.torch_backend import TorchNativeAttnBackend
 
 _BACKENDS: dict[str, Callable[[], AttentionBackend]] = {
+    "grouped": GroupedAttnBackend,
     "torch": TorchNativeAttnBackend,
     "torch_native": TorchNativeAttnBackend,
 }
@@ -18,6 +20,7 @@ def available_backends() -> list[str]:
 
 
 def create_attention_backend(name: str) -> AttentionBackend:
+    """`name` as resolved by ServerArgs.resolved_attention_backend (no 'auto' here)."""
     factory = _BACKENDS.get(name)
     if factory is None:
         raise ValueError(f"attention_backend: unknown {name!r}; available: {available_backends()}")

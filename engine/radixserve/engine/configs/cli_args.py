@@ -31,6 +31,9 @@ _HELP: Mapping[str, str] = MappingProxyType(
             "require 'Authorization: Bearer KEY' on every endpoint but /health "
             f"(default: ${API_KEY_ENV}, which keeps the key out of the command line)"
         ),
+        "log_format": "text: key=value lines; json: one JSON object per line (stderr)",
+        "log_requests": "log one line per finished request (id, tokens, TTFT, e2e, finish)",
+        "log_requests_text": "with --log-requests: also log the prompt and output text",
     }
 )
 _SCALARS = (bool, int, float, str)

@@ -9,13 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from radixserve.engine.configs.cpu_features import cpu_has_bf16
 from radixserve.engine.configs.model_config import ModelConfig
+from radixserve.logging_setup import LOG_FORMATS
 from radixserve.protocol.kv_events import parse_event_format
 
 POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 EVICTION_POLICIES = ("lru", "lfu", "fifo")
+CPU_CHUNKED_PREFILL_SIZE = 1024
 A2A_BACKENDS = ("none", "all_to_all")  # --moe-a2a-backend (layers.moe_dispatch)
+LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue")  # managers.data_parallel_controller
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +27,7 @@ class ServerArgs:
     model_path: str = "smollm2-135m"
     revision: str | None = None  # branch, tag or commit when model_path is a Hub repo id
     served_model_name: str | None = None
-    dtype: str = "float32"
+    dtype: str = "auto"  # auto: bfloat16 on GPUs and on CPUs with AVX-512 BF16 / AMX
     device: str = "cpu"
     random_seed: int = 0
     # KV memory
@@ -32,24 +36,25 @@ class ServerArgs:
     mem_fraction_static: float | None = None  # None: 0.88 on GPU, 0.2 of free RAM on CPU
     max_running_requests: int | None = None
     # scheduling
-    chunked_prefill_size: int | None = None  # None / -1: no chunking
+    chunked_prefill_size: int | None = None  # None: device default (CPU 1024); -1: off
     max_prefill_tokens: int = 16384
-    schedule_policy: str = "fcfs"
+    schedule_policy: str = "lpm"  # cache-aware: longest cached prefix first
     schedule_conservativeness: float = 1.0
     enable_mixed_chunk: bool = False
     max_queued_requests: int | None = None
     disable_radix_cache: bool = False
     radix_eviction_policy: str = "lru"
-    disable_overlap_schedule: bool = False
+    disable_overlap_schedule: bool | None = None  # None: off on CPU, where it costs
     # Record radix-tree events; only the scheduler process's publisher (--kv-events-port) drains
     # them, so enabling them without a port is refused (they would grow without bound).
     enable_kv_events: bool = False
-    attention_backend: str = "torch"
-    # parallelism: tp and ep run (one scheduler process per rank); dp / DP attention are refused
+    attention_backend: str = "auto"  # auto: grouped on CPU, torch elsewhere
+    # parallelism: tp, ep and dp run (one scheduler process per rank); DP attention is refused
     tp_size: int = 1
-    dp_size: int = 1
+    dp_size: int = 1  # without DP attention: dp_size independent scheduling groups of tp ranks
     ep_size: int = 1
     moe_a2a_backend: str = "none"  # EP dispatch: none (all-reduce) | all_to_all
+    load_balance_method: str = "round_robin"  # DP controller: round_robin | shortest_queue
     enable_dp_attention: bool = False
     # serving
     host: str = "127.0.0.1"
@@ -59,6 +64,9 @@ class ServerArgs:
     kv_events_format: str = "map"  # map: SGLang 0.5.23 / vLLM 0.32 consumers; array: SGLang 0.5.6
     skip_server_warmup: bool = False
     log_level: str = "warning"
+    log_format: str = "text"  # text | json (one JSON object per line)
+    log_requests: bool = False  # one INFO line per finished request (ids, tokens, latencies)
+    log_requests_text: bool = False  # ... with the prompt and output text (off: no user text)
 
     def __post_init__(self) -> None:
         _check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
@@ -110,6 +118,7 @@ class ServerArgs:
             "drains the recorded events, which would otherwise grow without bound",
         )
         parse_event_format(self.kv_events_format, "kv_events_format")
+        _check(self.log_format in LOG_FORMATS, "log_format", f"must be one of {LOG_FORMATS}")
         self._check_parallelism()
         chunk = self.chunked_prefill_size
         _check(
@@ -145,9 +154,9 @@ class ServerArgs:
             f"must be one of {A2A_BACKENDS}, got {self.moe_a2a_backend!r}",
         )
         _check(
-            self.dp_size == 1,
-            "dp_size",
-            f"data parallelism is not implemented in this build yet (dp={self.dp_size})",
+            self.load_balance_method in LOAD_BALANCE_METHODS,
+            "load_balance_method",
+            f"must be one of {LOAD_BALANCE_METHODS}, got {self.load_balance_method!r}",
         )
         _check(
             not self.enable_dp_attention,
@@ -162,15 +171,43 @@ class ServerArgs:
     @property
     def chunk_size(self) -> int | None:
         """Chunked prefill budget in tokens, or None when chunking is off."""
-        if self.chunked_prefill_size is None or self.chunked_prefill_size == -1:
+        if self.chunked_prefill_size is None:
+            return CPU_CHUNKED_PREFILL_SIZE if self.device == "cpu" else None
+        if self.chunked_prefill_size == -1:
             return None
         return self.chunked_prefill_size
+
+    @property
+    def overlap_schedule(self) -> bool:
+        """Whether the overlapped event loop runs (default: everywhere but on CPU, where the
+        forward thread and the scheduler compete for the same few cores)."""
+        if self.disable_overlap_schedule is None:
+            return self.device != "cpu"
+        return not self.disable_overlap_schedule
 
     @property
     def resolved_dtype(self) -> str:
         if self.dtype != "auto":
             return self.dtype
-        return "float32" if self.device == "cpu" else "bfloat16"
+        if self.device != "cpu":
+            return "bfloat16"
+        return "bfloat16" if cpu_has_bf16() else "float32"
+
+    @property
+    def resolved_attention_backend(self) -> str:
+        """'auto' → the grouped backend on CPU, the reference (torch) elsewhere."""
+        if self.attention_backend != "auto":
+            return self.attention_backend
+        return "grouped" if self.device == "cpu" else "torch"
+
+    def effective_settings(self) -> str:
+        """One line of the settings that defaults resolve per device, for the start-up log."""
+        return (
+            f"device={self.device} dtype={self.resolved_dtype} "
+            f"attention_backend={self.resolved_attention_backend} "
+            f"schedule_policy={self.schedule_policy} chunked_prefill_size={self.chunk_size} "
+            f"overlap_schedule={self.overlap_schedule} page_size={self.page_size}"
+        )
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixserve.engine.entrypoints.request_builder import InvalidRequest
+from radixserve.logging_setup import REQUEST_ID
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ class InternalErrorMiddleware:
         headers = dict(scope.get("headers") or [])
         rid = headers.get(REQUEST_ID_HEADER.lower().encode(), b"").decode() or uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = rid
+        REQUEST_ID.set(rid)  # every log record of this request's task carries the id
         started = False
 
         async def send_with_id(message: Message) -> None:

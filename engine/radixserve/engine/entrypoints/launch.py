@@ -37,7 +37,9 @@ def _scheduler_main(
 ) -> None:
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    configure_child_logging(args.log_level, f"scheduler-{dp_rank}-tp{rank.tp_rank}")
+    configure_child_logging(
+        args.log_level, f"scheduler-{dp_rank}-tp{rank.tp_rank}", args.log_format
+    )
     from radixserve.engine.managers.scheduler_process import run_scheduler_process
 
     run_scheduler_process(args, ports, writer, dp_rank, rank)
@@ -46,7 +48,7 @@ def _scheduler_main(
 def _detokenizer_main(args: ServerArgs, ports: PortArgs) -> None:
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    configure_child_logging(args.log_level, "detokenizer")
+    configure_child_logging(args.log_level, "detokenizer", args.log_format)
     from radixserve.engine.managers.detokenizer_manager import run_detokenizer_process
 
     run_detokenizer_process(args.model_path, ports, args.revision)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import ctypes
-import logging
 import signal
+
+from radixserve.logging_setup import configure_logging
 
 PR_SET_PDEATHSIG = 1
 
@@ -18,8 +19,6 @@ def die_with_parent() -> None:
         pass
 
 
-def configure_child_logging(level: str, role: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format=f"%(asctime)s level=%(levelname)s process={role} logger=%(name)s %(message)s",
-    )
+def configure_child_logging(level: str, role: str, fmt: str = "text") -> None:
+    """A spawned child starts with bare logging: give it the server's level and format."""
+    configure_logging(level, fmt, role)

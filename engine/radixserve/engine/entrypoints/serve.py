@@ -13,7 +13,6 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -32,9 +31,11 @@ from radixserve.engine.entrypoints.request_builder import (
 )
 from radixserve.engine.entrypoints.server_state import ServerState
 from radixserve.engine.managers.metrics import EngineMetrics
+from radixserve.engine.managers.request_log import RequestLogOptions
 from radixserve.engine.managers.tokenizer_manager import TokenizerManager
 from radixserve.engine.model_loader import load_model_files, resolve_model
 from radixserve.engine.model_loader.loader import load_tokenizer
+from radixserve.logging_setup import status_line
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,8 @@ def build_state(
     info = children.scheduler_info
     limits = ServerLimits(info["context_len"], info["max_req_input_len"], files.config.vocab_size)
     metrics = EngineMetrics(args.model_name)
-    tm = TokenizerManager(tokenizer, children.ports, metrics, on_fatal)
+    request_log = RequestLogOptions(args.log_requests, args.log_requests_text)
+    tm = TokenizerManager(tokenizer, children.ports, metrics, on_fatal, request_log)
     model_info = _model_info(args, tokenizer, info, files)
     return ServerState(args, tokenizer, tm, children, metrics, model_info, limits)
 
@@ -78,7 +80,7 @@ def _shut_down_on_failure(children: ChildProcesses, what: str) -> None:
     `serve` then exits 1."""
     children.crashed = True
     logger.error("%s; shutting the server down", what)
-    print(f"radixserve: {what}; shutting down", file=sys.stderr, flush=True)
+    status_line(f"radixserve: {what}; shutting down")
     os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -97,6 +99,7 @@ def _ready_banner(args: ServerArgs) -> str:
     url = f"http://{args.host}:{args.port}"
     return (
         f"radixserve: serving {args.model_name} on {url}\n"
+        f"  settings: {args.effective_settings()}\n"
         f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
         f'    -d \'{{"model": "{args.model_name}", "messages": '
         f'[{{"role": "user", "content": "Hello!"}}]}}\'\n'
@@ -120,11 +123,9 @@ def make_lifespan(state: ServerState) -> Any:
                 OutputOptions(),
             )
             await collect(state.tokenizer_manager, warm)
-        print(
+        status_line(
             f"radixserve: serving {state.args.model_name} on "
-            f"http://{state.args.host}:{state.args.port}",
-            file=sys.stderr,
-            flush=True,
+            f"http://{state.args.host}:{state.args.port}"
         )
         try:
             yield
@@ -136,7 +137,7 @@ def make_lifespan(state: ServerState) -> Any:
 
 
 def serve(args: ServerArgs) -> int:
-    print(f"radixserve: loading {args.model_path} …", file=sys.stderr, flush=True)
+    status_line(f"radixserve: loading {args.model_path} …")
     children = launch_subprocesses(args)
     try:
         state = build_state(
@@ -154,6 +155,7 @@ def serve(args: ServerArgs) -> int:
             host=args.host,
             port=args.port,
             log_level=args.log_level,
+            log_config=None,  # uvicorn's records go to our root handler, in --log-format
             access_log=False,
             timeout_graceful_shutdown=5,
         )

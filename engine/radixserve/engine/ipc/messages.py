@@ -91,6 +91,7 @@ class BatchTokenIDOutput(_Msg, frozen=True):
     prompt_tail: list[list[int]]  # last prompt ids: left context for the first decode
     output_token_logprobs: list[list[float]] = []
     output_top_logprobs: list[list[list[tuple[float, int]]]] = []
+    queue_times: list[float | None] = []  # seconds from arrival to first prefill (None: yet)
 
 
 class BatchStrOutput(_Msg, frozen=True):
@@ -106,6 +107,7 @@ class BatchStrOutput(_Msg, frozen=True):
     retractions: list[int]
     output_token_logprobs: list[list[float]] = []
     output_top_logprobs: list[list[list[tuple[float, int]]]] = []
+    queue_times: list[float | None] = []
 
 
 SchedulerInput = TokenizedGenerateReq | AbortReq | FlushCacheReq | GetLoadReq | GetStateReq

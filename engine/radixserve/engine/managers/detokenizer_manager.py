@@ -67,6 +67,7 @@ class DetokenizerManager:
             retractions=out.retractions,
             output_token_logprobs=out.output_token_logprobs,
             output_top_logprobs=out.output_top_logprobs,
+            queue_times=out.queue_times,
         )
 
 

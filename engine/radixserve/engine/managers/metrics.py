@@ -63,12 +63,20 @@ class EngineMetrics:
         self.ttft = h("time_to_first_token_seconds", "Time to first token", LATENCY_BUCKETS)
         self.itl = h("inter_token_latency_seconds", "Inter-token latency", ITL_BUCKETS)
         self.e2e = h("e2e_request_latency_seconds", "End-to-end latency", LATENCY_BUCKETS)
+        self.queue_time = h(
+            "queue_time_seconds",
+            "Time from arrival at the scheduler to the first prefill (SGLang's queue_time)",
+            LATENCY_BUCKETS,
+        )
         self._recent: deque[tuple[float, int]] = deque()
         self._prompt_total = 0
         self._cached_total = 0
 
     def observe_ttft(self, seconds: float) -> None:
         self.ttft.labels(**self.labels).observe(seconds)
+
+    def observe_queue_time(self, seconds: float) -> None:
+        self.queue_time.labels(**self.labels).observe(seconds)
 
     def observe_itl(self, seconds: float) -> None:
         self.itl.labels(**self.labels).observe(seconds)

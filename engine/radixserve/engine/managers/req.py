@@ -45,6 +45,7 @@ class Req:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     arrival_time: float = 0.0
+    queue_time: float | None = None  # arrival → first admission into a prefill batch (s)
     stream: bool = False
 
     send_offset: int = 0  # output ids already sent to the detokenizer

@@ -59,7 +59,7 @@ class Scheduler:
         self.total_retractions = 0
         self.inflight: deque[InflightBatch] = deque()
         self.future_map = FutureMap(4 * (self.max_running_requests + 8), runner.device)
-        self.worker = None if args.disable_overlap_schedule else ForwardWorker(self.future_map)
+        self.worker = ForwardWorker(self.future_map) if args.overlap_schedule else None
 
     @staticmethod
     def _make_tree_cache(args: ServerArgs, runner: ModelRunner) -> BasePrefixCache:
@@ -158,6 +158,7 @@ class Scheduler:
         if not adder.can_run_list:
             return None
         admitted = set(map(id, adder.can_run_list))
+        _stamp_queue_time(adder.can_run_list)
         self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
         if adder.new_chunked_req is not None:
             self.chunked_req = adder.new_chunked_req
@@ -360,3 +361,11 @@ class Scheduler:
         total = free + self.tree_cache.evictable_size() + self.tree_cache.protected_size()
         if total != self.max_total_tokens:
             raise RuntimeError(f"KV leak: free {free} + cached ≠ pool {self.max_total_tokens}")
+
+
+def _stamp_queue_time(admitted: list[Req]) -> None:
+    """Queue time ends at a request's first admission (a retracted request keeps its first)."""
+    now = time.monotonic()
+    for req in admitted:
+        if req.queue_time is None:
+            req.queue_time = now - req.arrival_time

@@ -140,6 +140,7 @@ class SchedulerLoop:
             fields["prompt_tail"].append(r.origin_input_ids[-5:])
             fields["output_token_logprobs"].append(r.output_token_logprobs[r.send_offset :])
             fields["output_top_logprobs"].append(r.output_top_logprobs[r.send_offset :])
+            fields["queue_times"].append(r.queue_time)
             r.send_offset = len(r.output_ids)
         self.ch.to_detokenizer.send(BatchTokenIDOutput(**fields))
 
@@ -158,6 +159,7 @@ _OUTPUT_FIELDS = (
     "prompt_tail",
     "output_token_logprobs",
     "output_top_logprobs",
+    "queue_times",
 )
 
 

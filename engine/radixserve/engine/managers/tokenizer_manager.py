@@ -40,7 +40,14 @@ from radixserve.engine.ipc.messages import (
     TokenizerInput,
 )
 from radixserve.engine.managers.metrics import EngineMetrics, FinishedCounts
+from radixserve.engine.managers.request_log import (
+    FinishedRequest,
+    RequestLogOptions,
+    log_finished,
+    show_request_lines,
+)
 from radixserve.engine.sampling import SamplingParams
+from radixserve.logging_setup import REQUEST_ID
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +106,11 @@ class ReqState:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished: bool = False
+    last_chunk: GenerateChunk | None = None  # kept only for --log-requests
+    request_id: str | None = None  # the HTTP request's id (X-Request-ID), for --log-requests
+    queue_time: float | None = None  # observed once, from the first output that carries it
+    prompt_text: str | None = None  # kept only for --log-requests-text
+    output_parts: list[str] | None = None
 
 
 class TokenizerManager:
@@ -108,8 +120,12 @@ class TokenizerManager:
         ports: PortArgs,
         metrics: EngineMetrics,
         on_fatal: Callable[[BaseException], None] | None = None,
+        request_log: RequestLogOptions | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.request_log = request_log = request_log or RequestLogOptions()
+        if request_log.enabled:
+            show_request_lines()
         self.ports = ports
         self.metrics = metrics
         self.on_fatal = on_fatal
@@ -151,6 +167,10 @@ class TokenizerManager:
         if self.dead is not None:
             raise OutputLoopDied("the output loop is dead") from self.dead
         state = ReqState(asyncio.Queue(), time.monotonic())
+        if self.request_log.enabled:
+            state.request_id = REQUEST_ID.get()  # this task serves the HTTP request
+        if self.request_log.with_text:
+            state.prompt_text, state.output_parts = inp.text, []
         self.rid_to_state[inp.rid] = state
         try:
             await self.to_scheduler.send(inp.tokenized())
@@ -165,6 +185,7 @@ class TokenizerManager:
             self.rid_to_state.pop(inp.rid, None)
             if not state.finished and self.dead is None:
                 self.metrics.observe_client_abort()
+                self._log_finished(inp.rid, state, "client_gone")
                 self._abort_soon(inp.rid)
 
     def _abort_soon(self, rid: str) -> None:
@@ -236,6 +257,8 @@ class TokenizerManager:
             if state is None:
                 continue  # aborted and forgotten
             new_ids = out.new_output_ids[i]
+            if state.queue_time is None and out.queue_times:
+                self._observe_queue_time(state, out.queue_times[i])
             self._observe_tokens(state, len(new_ids), now)
             finish = out.finished_reasons[i]
             chunk = GenerateChunk(
@@ -251,8 +274,13 @@ class TokenizerManager:
                 top_logprobs=out.output_top_logprobs[i] if out.output_top_logprobs else [],
                 e2e_latency=None if finish is None else now - state.created,
             )
+            if self.request_log.enabled:
+                state.last_chunk = chunk
+                if state.output_parts is not None:
+                    state.output_parts.append(chunk.text_delta)
             if finish is not None:
                 state.finished = True
+                self._log_finished(rid, state, finish.to_json()["type"])
                 self.metrics.observe_finished(
                     FinishedCounts(
                         chunk.prompt_tokens,
@@ -264,6 +292,32 @@ class TokenizerManager:
                     )
                 )
             state.queue.put_nowait(chunk)
+
+    def _log_finished(self, rid: str, state: ReqState, reason: str) -> None:
+        if not self.request_log.enabled:
+            return
+        first, last = state.first_token_time, state.last_chunk
+        log_finished(
+            FinishedRequest(
+                rid=rid,
+                request_id=state.request_id or rid,
+                prompt_tokens=last.prompt_tokens if last else 0,
+                completion_tokens=last.completion_tokens if last else 0,
+                cached_tokens=last.cached_tokens if last else 0,
+                ttft_s=None if first is None else first - state.created,
+                e2e_s=time.monotonic() - state.created,
+                queue_time_s=state.queue_time,
+                finish_reason=reason,
+                prompt_text=state.prompt_text,
+                output_text=None if state.output_parts is None else "".join(state.output_parts),
+            ),
+            self.request_log,
+        )
+
+    def _observe_queue_time(self, state: ReqState, seconds: float | None) -> None:
+        if seconds is not None:
+            state.queue_time = seconds
+            self.metrics.observe_queue_time(seconds)
 
     def _observe_tokens(self, state: ReqState, num_new: int, now: float) -> None:
         self.metrics.observe_tokens(num_new)

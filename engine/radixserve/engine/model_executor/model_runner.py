@@ -112,7 +112,7 @@ class ModelRunner:
             self.device,
         )
         self.allocator = create_allocator(self.sizes.max_total_tokens, args.page_size, self.device)
-        self.attn_backend = create_attention_backend(args.attention_backend)
+        self.attn_backend = create_attention_backend(args.resolved_attention_backend)
         logger.info(
             "kv_pool max_total_tokens=%d page_size=%d max_num_reqs=%d dtype=%s source=%s",
             self.sizes.max_total_tokens,

@@ -1,0 +1,192 @@
+"""The fast PyTorch backend (CPU default): GQA-grouped attention, K/V gathered once per layer.
+
+Decode: the query heads that share a KV head are folded into the query-length axis
+(q `[B, Hkv, G, D]` against K/V `[B, Hkv, L, D]`), so one SDPA call per layer attends the
+whole batch without repeating K/V per query head; K/V are read from the pool with one
+`index_select` over slot indices that `init_forward_metadata` flattens once per forward
+(padding points at slot 0, masked out by a bias built once per forward as well).
+Extend: one SDPA call per request with `enable_gqa` (no repeated K/V either); a request
+without a cached prefix uses the causal kernel without an explicit mask. The requests of an
+extend-like batch that add one token (the decodes of a MIXED batch) go through the batched
+decode path together.
+
+The reference backend (`torch_backend.py`) computes the same attention; tests compare them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from radixserve.engine.attention.base import AttentionBackend
+
+if TYPE_CHECKING:
+    from radixserve.engine.layers.radix_attention import RadixAttention
+    from radixserve.engine.model_executor.forward_batch import ForwardBatch
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRows:
+    """The one-token requests of a forward: which, their K/V slots and the padding mask."""
+
+    req_index: torch.Tensor  # [b] int64 rows of the batch (token index = query index)
+    token_index: torch.Tensor  # [b] int64 positions of their query in q
+    flat_slots: torch.Tensor  # [b · L] int64, slot 0 beyond each seq_len
+    max_len: int
+    mask: torch.Tensor  # [b, 1, 1, L] bool, True = attend
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardMetadata:
+    decode: DecodeRows | None
+    extend_reqs: tuple[tuple[int, int, int, int], ...]  # (row, q_start, prefix, extend)
+
+
+def _decode_rows(fb: ForwardBatch, rows: list[int], token_index: list[int]) -> DecodeRows:
+    device = fb.seq_lens.device
+    req_index = torch.tensor(rows, dtype=torch.int64, device=device)
+    max_len = max(fb.seq_lens_cpu[i] for i in rows)
+    slots = fb.req_kv_rows(max_len)
+    lens = fb.seq_lens
+    if len(rows) != fb.batch_size:
+        slots, lens = slots[req_index], lens[req_index]
+    valid = torch.arange(max_len, device=device)[None, :] < lens[:, None]
+    flat = torch.where(valid, slots, torch.zeros_like(slots)).reshape(-1)
+    return DecodeRows(
+        req_index=req_index,
+        token_index=torch.tensor(token_index, dtype=torch.int64, device=device),
+        flat_slots=flat,
+        max_len=max_len,
+        mask=valid[:, None, None, :],
+    )
+
+
+def build_metadata(fb: ForwardBatch) -> ForwardMetadata:
+    if fb.forward_mode.is_decode():
+        rows = list(range(fb.batch_size))
+        return ForwardMetadata(_decode_rows(fb, rows, rows), ())
+    singles: list[int] = []
+    single_tokens: list[int] = []
+    extends: list[tuple[int, int, int, int]] = []
+    start = 0
+    for i, (prefix, ext) in enumerate(
+        zip(fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu, strict=True)
+    ):
+        if ext == 1 and prefix > 0:
+            singles.append(i)
+            single_tokens.append(start)
+        elif ext > 0:
+            extends.append((i, start, prefix, ext))
+        start += ext
+    decode = _decode_rows(fb, singles, single_tokens) if singles else None
+    return ForwardMetadata(decode, tuple(extends))
+
+
+class GroupedAttnBackend(AttentionBackend):
+    def __init__(self) -> None:
+        self._meta: ForwardMetadata | None = None
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        self._meta = build_metadata(forward_batch)
+
+    def _metadata(self, fb: ForwardBatch) -> ForwardMetadata:
+        if self._meta is None:
+            raise RuntimeError("attention: init_forward_metadata must run before the forward")
+        return self._meta
+
+    def _write_kv(
+        self, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention, fb: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        k = k.view(-1, layer.num_kv_heads, layer.head_dim)
+        v = v.view(-1, layer.num_kv_heads, layer.head_dim)
+        fb.token_to_kv_pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc, k, v)
+        return fb.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+
+    def forward_decode(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+    ) -> torch.Tensor:
+        meta = self._metadata(forward_batch)
+        k_cache, v_cache = self._write_kv(k, v, layer, forward_batch)
+        assert meta.decode is not None
+        out = _grouped_decode(q, k_cache, v_cache, layer, meta.decode)
+        return out.reshape(-1, layer.num_heads * layer.head_dim)
+
+    def forward_extend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+    ) -> torch.Tensor:
+        fb = forward_batch
+        meta = self._metadata(fb)
+        k_cache, v_cache = self._write_kv(k, v, layer, fb)
+        q = q.view(-1, layer.num_heads, layer.head_dim)
+        out = torch.empty_like(q)
+        if meta.decode is not None:
+            dq = q.index_select(0, meta.decode.token_index)
+            out[meta.decode.token_index] = _grouped_decode(dq, k_cache, v_cache, layer, meta.decode)
+        if meta.extend_reqs:
+            rows = fb.req_kv_rows(max(fb.seq_lens_cpu))
+            for row, start, prefix, ext in meta.extend_reqs:
+                slots = rows[row, : prefix + ext]
+                out[start : start + ext] = _extend_one(
+                    q[start : start + ext], k_cache, v_cache, slots, prefix, layer
+                )
+        return out.view(-1, layer.num_heads * layer.head_dim)
+
+
+def _grouped_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    layer: RadixAttention,
+    rows: DecodeRows,
+) -> torch.Tensor:
+    """q [b, Hq·D] (one token per request) → [b, Hq, D]."""
+    b, hkv, d = rows.req_index.numel(), layer.num_kv_heads, layer.head_dim
+    groups = layer.num_heads // hkv
+    shape = (b, rows.max_len, hkv, d)
+    ki = k_cache.index_select(0, rows.flat_slots).view(shape).transpose(1, 2)
+    vi = v_cache.index_select(0, rows.flat_slots).view(shape).transpose(1, 2)
+    qi = q.reshape(b, hkv, groups, d)
+    o = F.scaled_dot_product_attention(
+        qi, ki.to(q.dtype), vi.to(q.dtype), attn_mask=rows.mask, scale=layer.scaling
+    )
+    return o.reshape(b, layer.num_heads, d)
+
+
+def _extend_one(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    prefix: int,
+    layer: RadixAttention,
+) -> torch.Tensor:
+    """One request's new queries [ext, Hq, D] over its prefix + new keys → [ext, Hq, D]."""
+    ext = q.shape[0]
+    idx = slots.long()
+    ki = k_cache.index_select(0, idx).transpose(0, 1).unsqueeze(0).to(q.dtype)
+    vi = v_cache.index_select(0, idx).transpose(0, 1).unsqueeze(0).to(q.dtype)
+    qi = q.transpose(0, 1).unsqueeze(0)
+    if prefix == 0:
+        o = F.scaled_dot_product_attention(
+            qi, ki, vi, is_causal=True, scale=layer.scaling, enable_gqa=True
+        )
+    else:
+        # Query j sits at absolute position prefix + j and sees keys 0..prefix + j.
+        mask = torch.ones(ext, prefix + ext, dtype=torch.bool, device=q.device).tril(prefix)
+        o = F.scaled_dot_product_attention(
+            qi, ki, vi, attn_mask=mask, scale=layer.scaling, enable_gqa=True
+        )
+    return o[0].transpose(0, 1)

@@ -1,0 +1,157 @@
+"""The grouped (CPU default) attention backend against the PyTorch reference backend.
+
+Both run on the same paged KV pool, filled through each backend's own KV write, for extend
+(with and without a cached prefix), decode and mixed batches, page sizes 1 and 16, and
+GQA layouts including one KV head per rank (as under tensor parallelism) and plain MHA.
+The reference (`torch_backend.py`: gathered K/V repeated per query head, one SDPA) is the
+oracle; float32 must agree to rounding, bfloat16 within the stated tolerance.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from radixserve.engine.attention import create_attention_backend
+from radixserve.engine.layers.radix_attention import RadixAttention
+from radixserve.engine.mem_cache import MHATokenToKVPool, ReqToTokenPool, create_allocator
+from radixserve.engine.model_executor.forward_batch import ForwardBatch, ForwardMode
+
+HEAD_DIM = 64
+# (atol, rtol) per dtype: float32 differs by summation order only; bfloat16 outputs carry
+# 8 mantissa bits (relative step 2^-8 ≈ 0.004), and the reference rounds its repeated K/V
+# and probabilities differently, so a few steps of difference are allowed.
+TOLERANCE = {torch.float32: (2e-5, 1e-5), torch.bfloat16: (3e-2, 2e-2)}
+
+
+@dataclass
+class Pools:
+    req_to_token: ReqToTokenPool
+    kv: MHATokenToKVPool
+    allocator: object
+    page_size: int
+
+
+def make_pools(page_size: int, dtype: torch.dtype, kv_heads: int) -> Pools:
+    cpu = torch.device("cpu")
+    size = 4096
+    return Pools(
+        ReqToTokenPool(16, 1024, cpu),
+        MHATokenToKVPool(size, page_size, dtype, kv_heads, HEAD_DIM, 1, cpu),
+        create_allocator(size, page_size, cpu),
+        page_size,
+    )
+
+
+def make_batch(
+    pools: Pools, mode: ForwardMode, rows: list[int], prefix: list[int], ext: list[int]
+) -> ForwardBatch:
+    """Allocate slots for positions [prefix, prefix + ext) of each row, as the scheduler does."""
+    table = pools.req_to_token.req_to_token
+    seq = [p + e for p, e in zip(prefix, ext, strict=True)]
+    last = [int(table[r, p - 1]) if p else -1 for r, p in zip(rows, prefix, strict=True)]
+    slots = pools.allocator.alloc_extend(prefix, seq, last)  # type: ignore[attr-defined]
+    assert slots is not None
+    start = 0
+    for r, p, e in zip(rows, prefix, ext, strict=True):
+        pools.req_to_token.write(r, p, slots[start : start + e])
+        start += e
+    idx = torch.tensor(rows, dtype=torch.int64)
+    total = sum(ext)
+    return ForwardBatch(
+        forward_mode=mode,
+        batch_size=len(rows),
+        input_ids=torch.zeros(total, dtype=torch.int64),
+        positions=torch.tensor([p + j for p, e in zip(prefix, ext, strict=True) for j in range(e)]),
+        req_pool_indices=idx,
+        seq_lens=torch.tensor(seq, dtype=torch.int64),
+        out_cache_loc=slots,
+        extend_prefix_lens_cpu=list(prefix),
+        extend_seq_lens_cpu=list(ext),
+        seq_lens_cpu=seq,
+        req_to_token_pool=pools.req_to_token,
+        token_to_kv_pool=pools.kv,
+        attn_backend=create_attention_backend("torch"),
+        kv_rows=table[idx, : max(seq)].to(torch.int64),
+    )
+
+
+def run_both(
+    fb: ForwardBatch, layer: RadixAttention, dtype: torch.dtype, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same q/k/v through both backends (each writes the same K/V to the same slots)."""
+    t = int(fb.out_cache_loc.numel())
+    q = torch.randn(t, layer.num_heads * HEAD_DIM, generator=gen).to(dtype)
+    k = torch.randn(t, layer.num_kv_heads * HEAD_DIM, generator=gen).to(dtype)
+    v = torch.randn(t, layer.num_kv_heads * HEAD_DIM, generator=gen).to(dtype)
+    outs = []
+    for name in ("torch", "grouped"):
+        backend = create_attention_backend(name)
+        fb.attn_backend = backend
+        backend.init_forward_metadata(fb)
+        outs.append(backend.forward(q, k, v, layer, fb).float())
+    return outs[0], outs[1]
+
+
+def prefill(pools: Pools, rows: list[int], lens: list[int], layer: RadixAttention) -> None:
+    """Fill the rows' first `lens` positions through the reference backend."""
+    fb = make_batch(pools, ForwardMode.EXTEND, rows, [0] * len(rows), lens)
+    run_both(fb, layer, pools.kv.dtype, torch.Generator().manual_seed(0))
+
+
+LAYOUTS = [(9, 3), (4, 1), (4, 4)]  # SmolLM2's GQA; one KV head per TP rank; plain MHA
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("heads", LAYOUTS, ids=lambda h: f"{h[0]}q{h[1]}kv")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_extend_decode_and_mixed_match_the_reference(
+    page_size: int, heads: tuple[int, int], dtype: torch.dtype
+) -> None:
+    num_heads, kv_heads = heads
+    layer = RadixAttention(num_heads, HEAD_DIM, HEAD_DIM**-0.5, kv_heads, layer_id=0)
+    pools = make_pools(page_size, dtype, kv_heads)
+    gen = torch.Generator().manual_seed(page_size * 100 + num_heads)
+    atol, rtol = TOLERANCE[dtype]
+    rng = random.Random(7)
+    lens = [rng.randrange(1, 70) for _ in range(5)]
+
+    # extend from empty (causal, no prefix): 5 requests of different lengths
+    fb = make_batch(pools, ForwardMode.EXTEND, list(range(5)), [0] * 5, lens)
+    ref, fast = run_both(fb, layer, dtype, gen)
+    torch.testing.assert_close(fast, ref, atol=atol, rtol=rtol)
+
+    # extend over a cached prefix (chunked prefill / radix hit): 2..20 new tokens each
+    ext = [rng.randrange(2, 21) for _ in range(5)]
+    fb = make_batch(pools, ForwardMode.EXTEND, list(range(5)), lens, ext)
+    ref, fast = run_both(fb, layer, dtype, gen)
+    torch.testing.assert_close(fast, ref, atol=atol, rtol=rtol)
+    lens = [a + b for a, b in zip(lens, ext, strict=True)]
+
+    # three decode steps of the whole batch (different lengths, padding masked)
+    for _ in range(3):
+        fb = make_batch(pools, ForwardMode.DECODE, list(range(5)), lens, [1] * 5)
+        ref, fast = run_both(fb, layer, dtype, gen)
+        torch.testing.assert_close(fast, ref, atol=atol, rtol=rtol)
+        lens = [n + 1 for n in lens]
+
+    # mixed: a new request's prefill chunk and a prefix-hit chunk plus the running decodes
+    prefill(pools, [5], [33], layer)
+    rows, prefix, extend = [6, 5, *range(5)], [0, 33, *lens], [40, 17, 1, 1, 1, 1, 1]
+    fb = make_batch(pools, ForwardMode.MIXED, rows, prefix, extend)
+    ref, fast = run_both(fb, layer, dtype, gen)
+    torch.testing.assert_close(fast, ref, atol=atol, rtol=rtol)
+
+
+def test_forward_without_metadata_is_an_error() -> None:
+    layer = RadixAttention(9, HEAD_DIM, 0.125, 3, layer_id=0)
+    pools = make_pools(1, torch.float32, 3)
+    fb = make_batch(pools, ForwardMode.EXTEND, [0], [0], [4])
+    x = torch.zeros(4, 9 * HEAD_DIM)
+    kv = torch.zeros(4, 3 * HEAD_DIM)
+    with pytest.raises(RuntimeError, match="init_forward_metadata"):
+        create_attention_backend("grouped").forward(x, kv, kv, layer, fb)
