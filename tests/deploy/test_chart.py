@@ -32,6 +32,7 @@ RELEASE, NAMESPACE = "rs", "serving-system"
 SCENARIOS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "namespaced": {"watch": {"namespaces": ["team-a", "team-b"]}, "logLevel": "debug"},
+    "network-policy": {"watch": {"namespaces": ["team-a"]}, "networkPolicy": {"enabled": True}},
     "kind-local": {
         "image": {"repository": "radixserve/operator", "tag": "e2e", "pullPolicy": "Never"},
         "defaultImages": {
@@ -227,15 +228,27 @@ def test_operator_holds_what_it_grants_the_router() -> None:
         assert router_role <= _rule_set(role["rules"]), role["metadata"]
 
 
+def test_namespaced_mode_grants_nothing_cluster_wide() -> None:
+    """No ClusterRoleBinding at all, and the only ClusterRoles are the aggregated edit/view
+    ones (bound by no one here) over InferenceServices alone; every operator right is in a
+    Role of a listed namespace."""
+    for scenario in ("namespaced", "network-policy"):
+        objects = _render(scenario)
+        assert not [o for o in objects if o["kind"] == "ClusterRoleBinding"], scenario
+        for role in (o for o in objects if o["kind"] == "ClusterRole"):
+            labels = role["metadata"]["labels"]
+            assert any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in labels)
+            assert {g for g, _, _ in _rule_set(role["rules"])} == {"radixserve.io"}, scenario
+        bindings = [o for o in objects if o["kind"] == "RoleBinding"]
+        listed = set(SCENARIOS[scenario]["watch"]["namespaces"])
+        assert {b["metadata"]["namespace"] for b in bindings} == listed
+
+
 def test_namespaced_mode_grants_only_listed_namespaces() -> None:
     objects = _render("namespaced")
-    cluster = _one(objects, "ClusterRole", RELEASE + "-radixserve")
-    assert {(g, r) for g, r, _ in _rule_set(cluster["rules"])} == {
-        ("apiextensions.k8s.io", "customresourcedefinitions"),
-        ("", "namespaces"),
-    }
     clusterwide = _one(_render("defaults"), "ClusterRole", RELEASE + "-radixserve")
-    expected = _rule_set(clusterwide["rules"]) - _rule_set(cluster["rules"])
+    kopf_discovery = {("apiextensions.k8s.io", "customresourcedefinitions")}
+    expected = {r for r in _rule_set(clusterwide["rules"]) if r[:2] not in kopf_discovery}
     for ns in ("team-a", "team-b"):
         role = _one([o for o in objects if o["metadata"].get("namespace") == ns], "Role")
         assert _rule_set(role["rules"]) == expected
@@ -372,3 +385,16 @@ def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
         else:
             out[key] = value
     return out
+
+
+def test_network_policy_value_tells_the_operator_and_grants_it_network_policies() -> None:
+    objects = _render("network-policy")
+    env = {e["name"]: e.get("value") for e in _container(objects)["env"]}
+    assert env["RADIXSERVE_NETWORK_POLICY"] == "true"
+    role = _one([o for o in objects if o["metadata"].get("namespace") == "team-a"], "Role")
+    rights = {(g, r, v) for g, r, v in _rule_set(role["rules"]) if r == "networkpolicies"}
+    assert {v for _, _, v in rights} >= {"get", "create", "patch", "delete"}
+    off = _render("namespaced")
+    assert "RADIXSERVE_NETWORK_POLICY" not in {e["name"] for e in _container(off)["env"]}
+    for role in (o for o in off if o["kind"] in ("Role", "ClusterRole")):
+        assert not [r for r in _rule_set(role["rules"]) if r[1] == "networkpolicies"]

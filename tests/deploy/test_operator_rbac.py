@@ -27,9 +27,11 @@ def _grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
 
 
 def _operator_rule_sets() -> dict[str, set[tuple[str, str, str]]]:
-    """Cluster-wide: the ClusterRole; namespaced: one watched namespace's Role."""
-    clusterwide = render_objects({}, name="rs", namespace="ops")
-    namespaced = render_objects({"watch": {"namespaces": ["ml"]}}, name="rs", namespace="ops")
+    """Cluster-wide: the ClusterRole; namespaced: one watched namespace's Role (both with
+    networkPolicy.enabled, so the operator also builds NetworkPolicies)."""
+    clusterwide = render_objects({"networkPolicy": {"enabled": True}}, name="rs", namespace="ops")
+    values = {"watch": {"namespaces": ["ml"]}, "networkPolicy": {"enabled": True}}
+    namespaced = render_objects(values, name="rs", namespace="ops")
     cluster_role = next(
         o
         for o in clusterwide
@@ -42,7 +44,8 @@ def _operator_rule_sets() -> dict[str, set[tuple[str, str, str]]]:
 def _group_resource(obj: dict[str, Any]) -> tuple[str, str]:
     api_version = obj["apiVersion"]
     group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
-    return group, obj["kind"].lower() + "s"
+    kind = obj["kind"].lower()
+    return group, kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +61,7 @@ def children() -> list[dict[str, Any]]:
     for isvc in isvcs:
         owner = Owner(name=isvc["metadata"]["name"], namespace="ml", uid="0000-uid")
         spec = parse_spec(isvc["spec"], owner.name)
-        built += build_children(owner, spec, OperatorConfig())
+        built += build_children(owner, spec, OperatorConfig(network_policy=True))
     return built
 
 

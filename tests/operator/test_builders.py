@@ -171,6 +171,6 @@ def test_suspend_scales_both_deployments_to_zero() -> None:
     assert children[("Deployment", "chat-router")]["spec"]["replicas"] == 0
     engine = children[("Deployment", "chat-engine")]["spec"]["template"]["spec"]
     assert engine["containers"][0]["image"] == "my/engine:1"
-    claim = engine["volumes"][1]["persistentVolumeClaim"]
+    [claim] = [v["persistentVolumeClaim"] for v in engine["volumes"] if v["name"] == "model"]
     assert claim == {"claimName": "models", "readOnly": True}
     assert "/models/llama-3-8b" in engine["containers"][0]["args"]

@@ -85,6 +85,11 @@ lets a subject grant only what it holds).
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- if .Values.networkPolicy.enabled }}
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "update", "patch", "delete"]
+{{- end }}
 {{- end }}
 
 {{/* Cluster-scoped rules kopf needs: CRD discovery, and namespace observation when namespaced. */}}
@@ -92,9 +97,4 @@ lets a subject grant only what it holds).
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["get", "list", "watch"]
-{{- if .Values.watch.namespaces }}
-- apiGroups: [""]
-  resources: ["namespaces"]
-  verbs: ["get", "list", "watch"]
-{{- end }}
 {{- end }}

@@ -19,6 +19,9 @@ from radixserve.operator.autoscaling import (
 from radixserve.operator.config import OperatorConfig
 from radixserve.operator.engine_manifests import engine_deployment, engine_service
 from radixserve.operator.meta import Owner, engine_name, router_name
+from radixserve.operator.network_policy import API_VERSION as NETPOL_API_VERSION
+from radixserve.operator.network_policy import KIND as NETPOL_KIND
+from radixserve.operator.network_policy import engine_network_policy
 from radixserve.operator.router_manifests import (
     frontend_service,
     router_deployment,
@@ -43,13 +46,17 @@ def build_children(
         router_deployment(owner, spec, config.router_image),
         frontend_service(owner),
     ]
+    if config.network_policy:
+        children.append(engine_network_policy(owner, spec))
     hpa = horizontal_pod_autoscaler(owner, spec)
     return children if hpa is None else [*children, hpa]
 
 
-def child_refs(name: str) -> list[tuple[str, str, str]]:
+def child_refs(name: str, network_policy: bool = False) -> list[tuple[str, str, str]]:
     """(apiVersion, kind, name) of every child the operator may own, in build order (the
-    optional HPA last); needs no (valid) spec."""
+    optional HPA last); needs no (valid) spec. The NetworkPolicy only when the operator
+    renders them (otherwise it may hold no rights on NetworkPolicies at all)."""
+    netpol = [(NETPOL_API_VERSION, NETPOL_KIND, engine_name(name))] if network_policy else []
     return [
         ("v1", "ServiceAccount", router_name(name)),
         (RBAC, "Role", router_name(name)),
@@ -58,5 +65,6 @@ def child_refs(name: str) -> list[tuple[str, str, str]]:
         ("apps/v1", "Deployment", engine_name(name)),
         ("apps/v1", "Deployment", router_name(name)),
         ("v1", "Service", name),
+        *netpol,
         (HPA_API_VERSION, HPA_KIND, hpa_name(name)),
     ]

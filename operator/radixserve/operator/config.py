@@ -49,6 +49,8 @@ class OperatorConfig:
     namespaces: tuple[str, ...] = ()
     # Level-based safety net: children are re-checked at least this often even without events.
     resync_seconds: float = 60.0
+    # Render a NetworkPolicy per InferenceService: engines reachable only from their router.
+    network_policy: bool = False
 
     def __post_init__(self) -> None:
         if not self.engine_image:
@@ -61,7 +63,7 @@ class OperatorConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
         """RADIXSERVE_ENGINE_IMAGE, RADIXSERVE_ROUTER_IMAGE, RADIXSERVE_WATCH_NAMESPACES
-        (comma-separated), RADIXSERVE_RESYNC_SECONDS."""
+        (comma-separated), RADIXSERVE_RESYNC_SECONDS, RADIXSERVE_NETWORK_POLICY (true|false)."""
         env = os.environ if env is None else env
         namespaces = env.get("RADIXSERVE_WATCH_NAMESPACES", "")
         resync = env.get("RADIXSERVE_RESYNC_SECONDS", "60")
@@ -69,9 +71,13 @@ class OperatorConfig:
             resync_seconds = float(resync)
         except ValueError:
             raise ValueError(f"RADIXSERVE_RESYNC_SECONDS: not a number: {resync!r}") from None
+        policy = env.get("RADIXSERVE_NETWORK_POLICY", "false").strip().lower()
+        if policy not in ("true", "false"):
+            raise ValueError(f"RADIXSERVE_NETWORK_POLICY: expected true or false, got {policy!r}")
         return cls(
             engine_image=env.get("RADIXSERVE_ENGINE_IMAGE", DEFAULT_ENGINE_IMAGE),
             router_image=env.get("RADIXSERVE_ROUTER_IMAGE", DEFAULT_ROUTER_IMAGE),
             namespaces=tuple(n.strip() for n in namespaces.split(",") if n.strip()),
             resync_seconds=resync_seconds,
+            network_policy=policy == "true",
         )

@@ -11,10 +11,13 @@ from typing import Any
 from radixserve.operator.config import ENGINE_HTTP_PORT, KV_EVENTS_PORT
 from radixserve.operator.meta import (
     ENGINE,
+    HOME,
     Owner,
+    container_security_context,
     engine_name,
     labels,
     object_meta,
+    pod_security_context,
     secret_env,
     selector,
 )
@@ -30,6 +33,10 @@ from radixserve.operator.spec import API_KEY_ENV
 
 MODELS_DIR = "/models"
 HF_HOME = "/cache/huggingface"
+# The root filesystem is read-only: what the engine writes goes to emptyDirs. /tmp holds the
+# ipc:// sockets and torch's compile caches; ~/.cache the default HF cache and Triton's.
+SCRATCH = (("tmp", "/tmp"), ("cache", f"{HOME}/.cache"))
+TRITON_CACHE_DIR = f"{HOME}/.cache/triton"
 GPU_RESOURCE = "nvidia.com/gpu"
 # Model loading (or a download) can take many minutes: the startup probe allows 30 of them
 # before liveness may restart the pod.
@@ -115,6 +122,9 @@ def _volumes(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], list[dic
     exchange tensors through it and a container's default 64 MiB is too small."""
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    for name, path in SCRATCH:
+        volumes.append({"name": name, "emptyDir": {}})
+        mounts.append({"name": name, "mountPath": path})
     source = spec.model.source
     if isinstance(source, PvcSource):
         claim = {"claimName": source.claim_name, "readOnly": True}
@@ -130,7 +140,7 @@ def _volumes(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], list[dic
 
 
 def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
-    ours: list[dict[str, Any]] = []
+    ours: list[dict[str, Any]] = [{"name": "TRITON_CACHE_DIR", "value": TRITON_CACHE_DIR}]
     source = spec.model.source
     if isinstance(source, HuggingFaceSource):
         ours.append({"name": "HF_HOME", "value": HF_HOME})  # the download goes to the emptyDir
@@ -171,10 +181,8 @@ def engine_container(spec: InferenceServiceSpec, image: str) -> dict[str, Any]:
         # Give the router time to drop this pod from its EndpointSlice view before SIGTERM.
         "lifecycle": {"preStop": {"sleep": {"seconds": 10}}},
         "volumeMounts": mounts,
-        "securityContext": {"allowPrivilegeEscalation": False},
+        "securityContext": container_security_context(),
     }
-    if not container["env"]:
-        del container["env"]
     return container
 
 
@@ -184,6 +192,7 @@ def engine_deployment(owner: Owner, spec: InferenceServiceSpec, image: str) -> d
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,  # engines never call the API
         "enableServiceLinks": False,
+        "securityContext": pod_security_context(),
         "terminationGracePeriodSeconds": 60,
         "containers": [engine_container(spec, image)],
         "volumes": volumes,

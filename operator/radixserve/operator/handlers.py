@@ -146,7 +146,8 @@ class Runtime:
 
     async def delete(self, body: kopf.Body, logger: Any, **_: Any) -> None:
         meta = body.meta
-        for api_version, kind, name in reversed(child_refs(meta["name"])):
+        refs = child_refs(meta["name"], self.config.network_policy)
+        for api_version, kind, name in reversed(refs):
             live = await self.kube.get(api_version, kind, meta["namespace"], name)
             if live is not None and owned_by(live, meta["uid"]):
                 await self.kube.delete(api_version, kind, meta["namespace"], name)
@@ -210,7 +211,7 @@ class Runtime:
             outcomes[key] = await self.kube.apply(child, owner.uid)
         # Children the spec no longer asks for (the HPA, after autoscaling is removed or the
         # service suspended): ours are deleted, anyone else's are left alone.
-        for api_version, kind, name in child_refs(owner.name):
+        for api_version, kind, name in child_refs(owner.name, self.config.network_policy):
             if (api_version, kind, name) in wanted:
                 continue
             live = await self.kube.get(api_version, kind, owner.namespace, name)

@@ -43,6 +43,10 @@ RESOURCES: Mapping[tuple[str, str], tuple[str, str]] = MappingProxyType(
             "/apis/rbac.authorization.k8s.io/v1",
             "rolebindings",
         ),
+        ("networking.k8s.io/v1", "NetworkPolicy"): (
+            "/apis/networking.k8s.io/v1",
+            "networkpolicies",
+        ),
         (API_VERSION, KIND): (f"/apis/{GROUP}/{VERSION}", PLURAL),
     }
 )

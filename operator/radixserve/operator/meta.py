@@ -74,6 +74,32 @@ def object_meta(owner: Owner, name: str, component: str) -> dict[str, Any]:
     }
 
 
+# The images' user (Dockerfile: uid/gid 10001) and the restricted Pod Security profile.
+RUN_AS = 10001
+HOME = "/home/radixserve"
+
+
+def pod_security_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "fsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict[str, Any]:
+    """No privilege escalation, no capabilities, nothing written outside the mounted
+    emptyDirs."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
 def secret_env(name: str, ref: SecretKeyRef) -> dict[str, Any]:
     """An env var whose value the kubelet reads from the Secret: the key stays out of the
     pod spec, its args and the operator's logs."""

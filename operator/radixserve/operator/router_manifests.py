@@ -10,9 +10,11 @@ from radixserve.operator.config import ROUTER_PORT, SERVICE_PORT
 from radixserve.operator.meta import (
     ROUTER,
     Owner,
+    container_security_context,
     engine_name,
     labels,
     object_meta,
+    pod_security_context,
     router_name,
     secret_env,
     selector,
@@ -105,7 +107,8 @@ def router_deployment(owner: Owner, spec: InferenceServiceSpec, image: str) -> d
         # router that would answer 503.
         "readinessProbe": _probe("/readiness", 5, 3),
         "livenessProbe": _probe("/health", 10, 3),
-        "securityContext": {"allowPrivilegeEscalation": False},
+        "securityContext": container_security_context(),
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],  # the root fs is read-only
     }
     env = router_env(spec)
     if env:
@@ -122,8 +125,10 @@ def router_deployment(owner: Owner, spec: InferenceServiceSpec, image: str) -> d
                 "spec": {
                     "serviceAccountName": router_name(owner.name),
                     "enableServiceLinks": False,
+                    "securityContext": pod_security_context(),
                     "terminationGracePeriodSeconds": 30,
                     "containers": [container],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}],
                 },
             },
         },
