@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from radixserve.bench.offline import add_offline_parser
+from radixserve.bench.one_batch import add_one_batch_parser
 from radixserve.bench.router import add_router_bench_parser
 from radixserve.bench.serving import add_serving_parser
 
@@ -13,5 +14,6 @@ def add_bench_parser(sub: Any) -> None:
     p = sub.add_parser("bench", help="benchmarks (print a table, write JSON)")
     bench_sub = p.add_subparsers(dest="bench", required=True)
     add_offline_parser(bench_sub)
+    add_one_batch_parser(bench_sub)
     add_serving_parser(bench_sub)
     add_router_bench_parser(bench_sub)

@@ -1,5 +1,7 @@
-"""`radixserve bench serving`: SGLang's bench_serving against a live server (ours, or any
-server speaking SGLang's native /generate).
+"""`radixserve bench serving`: SGLang's bench_serving against a live server: ours or any
+server speaking SGLang's native /generate (`--backend radixserve`), or any OpenAI-compatible
+server (`--backend openai`: streamed /v1/completions with token-id prompts, so vLLM and
+radixserve see the same tokens and are measured by the same client).
 
 Requests are streamed so TTFT and inter-token latencies are measured per chunk. Arrivals:
 all at once (`--request-rate inf`) or Poisson at the given rate; `--max-concurrency` caps
@@ -44,6 +46,17 @@ class RequestResult:
 def add_serving_parser(sub: Any) -> None:
     p = sub.add_parser("serving", help="online benchmark against a running server")
     p.add_argument("--base-url", default="http://127.0.0.1:30000")
+    p.add_argument(
+        "--backend",
+        default="radixserve",
+        choices=["radixserve", "openai"],
+        help="radixserve: native /generate; openai: /v1/completions (vLLM, SGLang, us)",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model name for --backend openai (default: the first of GET /v1/models)",
+    )
     p.add_argument(
         "--dataset-name",
         default="generated-shared-prefix",
@@ -116,6 +129,57 @@ async def send_one(
     return res
 
 
+async def send_one_openai(
+    client: httpx.AsyncClient, url: str, req: BenchRequest, model: str
+) -> RequestResult:
+    """One streamed /v1/completions request; output tokens from the final usage chunk."""
+    body = {
+        "model": model,
+        "prompt": req.input_ids,
+        "max_tokens": req.output_len,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    res = RequestResult(ok=False, prompt_tokens=len(req.input_ids))
+    start = last = time.perf_counter()
+    try:
+        async with client.stream("POST", url + "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return res
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                now = time.perf_counter()
+                chunk = json.loads(line[6:])
+                if chunk.get("choices") and chunk["choices"][0].get("text"):
+                    if res.ttft == 0.0:
+                        res.ttft = now - start
+                    else:
+                        res.itls.append(now - last)
+                    last = now
+                if chunk.get("usage"):
+                    u = chunk["usage"]
+                    res.output_tokens = int(u.get("completion_tokens") or 0)
+                    details = u.get("prompt_tokens_details") or {}
+                    res.cached_tokens = int(details.get("cached_tokens") or 0)
+        res.latency = time.perf_counter() - start
+        res.ok = res.output_tokens > 0
+    except httpx.HTTPError as exc:
+        res.error = f"{type(exc).__name__}: {exc}"
+    return res
+
+
+async def _model_name(client: httpx.AsyncClient, args: argparse.Namespace) -> str:
+    if args.model:
+        return str(args.model)
+    r = await client.get(args.base_url + "/v1/models")
+    r.raise_for_status()
+    return str(r.json()["data"][0]["id"])
+
+
 async def run_benchmark(
     args: argparse.Namespace, reqs: list[BenchRequest]
 ) -> tuple[list[RequestResult], float]:
@@ -127,11 +191,15 @@ async def run_benchmark(
     async with httpx.AsyncClient(
         timeout=httpx.Timeout(600.0), headers=headers, limits=httpx.Limits(max_connections=None)
     ) as client:
+        model = await _model_name(client, args) if args.backend == "openai" else ""
 
         async def guarded(req: BenchRequest) -> RequestResult:
             nonlocal done
             async with limit:
-                out = await send_one(client, args.base_url, req)
+                if args.backend == "openai":
+                    out = await send_one_openai(client, args.base_url, req, model)
+                else:
+                    out = await send_one(client, args.base_url, req)
             done += 1
             if done % max(len(reqs) // 10, 1) == 0:
                 print(f"[bench] {done}/{len(reqs)} requests done", file=sys.stderr, flush=True)

@@ -1,0 +1,215 @@
+"""`radixserve bench one-batch`: a static batch through prefill and decode without the server
+(SGLang's benchmark/one_batch), with a per-step breakdown.
+
+B random prompts of `--input-len` tokens are prefilled in one EXTEND forward, then decoded
+greedily for `--output-len` steps, each a DECODE forward of the whole batch straight through
+the ModelRunner (no scheduler, no HTTP). Forward hooks time, per step: attention (the
+backend: KV write, gather, softmax), matmuls (every projection), LM head; sampling is timed
+around the Sampler; "other" is the rest of the forward (embedding, norms, rotary,
+activation, Python). CPU execution is synchronous, so host clocks measure the work itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections import defaultdict
+from typing import Any
+
+from radixserve.bench.report import print_table, write_json
+
+COLUMNS = ("stage", "ms", "attention_ms", "matmul_ms", "lm_head_ms", "sampling_ms", "other_ms")
+
+
+def add_one_batch_parser(sub: Any) -> None:
+    p = sub.add_parser("one-batch", help="static batch: prefill + decode, per-step breakdown")
+    p.add_argument("--model-path", default="smollm2-135m")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--attention-backend", default="auto")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--output-file", default="bench-results/one_batch.json")
+    p.set_defaults(handler=run_one_batch)
+
+
+class StageTimer:
+    """Accumulates seconds per category from forward pre/post hooks on the model's modules."""
+
+    def __init__(self, model: Any) -> None:
+        self.totals: dict[str, float] = defaultdict(float)
+        self._starts: dict[int, float] = {}
+        self._handles = []
+        for name, module in model.named_modules():
+            category = _category(name, type(module).__name__)
+            if category is not None:
+                self._handles.append(module.register_forward_pre_hook(self._pre))
+                self._handles.append(module.register_forward_hook(self._post(category)))
+
+    def _pre(self, module: Any, _inputs: Any) -> None:
+        self._starts[id(module)] = time.perf_counter()
+
+    def _post(self, category: str) -> Any:
+        def hook(module: Any, _inputs: Any, _output: Any) -> None:
+            self.totals[category] += time.perf_counter() - self._starts.pop(id(module))
+
+        return hook
+
+    def take(self) -> dict[str, float]:
+        out, self.totals = dict(self.totals), defaultdict(float)
+        return out
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+def _category(name: str, cls: str) -> str | None:
+    if name.endswith("lm_head"):
+        return "lm_head"
+    if cls == "RadixAttention":
+        return "attention"
+    if cls.endswith("Linear"):
+        return "matmul"
+    return None
+
+
+def _batch(runner: Any, mode: Any, reqs: dict[str, Any]) -> Any:
+    """A ForwardBatch for the static batch (rows, prefix/extend lengths, new tokens)."""
+    import torch
+
+    from radixserve.engine.model_executor.forward_batch import ForwardBatch
+
+    def t(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=runner.device)
+
+    rows, prefix, ext = reqs["rows"], reqs["prefix"], reqs["extend"]
+    seq = [p + e for p, e in zip(prefix, ext, strict=True)]
+    table = runner.req_to_token_pool.req_to_token
+    last = [int(table[r, p - 1]) if p else -1 for r, p in zip(rows, prefix, strict=True)]
+    slots = runner.allocator.alloc_extend(prefix, seq, last)
+    if slots is None:
+        raise ValueError("--batch-size × (--input-len + --output-len) does not fit the KV pool")
+    start = 0
+    for r, p, e in zip(rows, prefix, ext, strict=True):
+        runner.req_to_token_pool.write(r, p, slots[start : start + e])
+        start += e
+    positions = [p + j for p, e in zip(prefix, ext, strict=True) for j in range(e)]
+    pool_idx = t(rows)
+    return ForwardBatch(
+        forward_mode=mode,
+        batch_size=len(rows),
+        input_ids=t(reqs["input_ids"]),
+        positions=t(positions),
+        req_pool_indices=pool_idx,
+        seq_lens=t(seq),
+        out_cache_loc=slots.to(runner.device),
+        extend_prefix_lens_cpu=list(prefix),
+        extend_seq_lens_cpu=list(ext),
+        seq_lens_cpu=seq,
+        req_to_token_pool=runner.req_to_token_pool,
+        token_to_kv_pool=runner.token_to_kv_pool,
+        attn_backend=runner.attn_backend,
+        kv_rows=runner.req_to_token_pool.req_to_token[pool_idx, : max(seq)].to(torch.int64),
+    )
+
+
+def _step(runner: Any, timer: StageTimer, fb: Any, info: Any, label: str) -> dict[str, Any]:
+    from radixserve.engine.sampling import Sampler
+
+    start = time.perf_counter()
+    logits = runner.forward(fb).next_token_logits
+    forward_s = time.perf_counter() - start
+    s0 = time.perf_counter()
+    ids = Sampler().sample(logits, info).next_token_ids
+    sampling_s = time.perf_counter() - s0
+    parts = timer.take()
+    known = sum(parts.values())
+    row = {
+        "stage": label,
+        "ms": (forward_s + sampling_s) * 1000,
+        "attention_ms": parts.get("attention", 0.0) * 1000,
+        "matmul_ms": parts.get("matmul", 0.0) * 1000,
+        "lm_head_ms": parts.get("lm_head", 0.0) * 1000,
+        "sampling_ms": sampling_s * 1000,
+        "other_ms": (forward_s - known) * 1000,
+    }
+    return {"row": row, "ids": ids.tolist()}
+
+
+def _mean_rows(rows: list[dict[str, Any]], label: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"stage": label}
+    for col in COLUMNS[1:]:
+        out[col] = sum(r[col] for r in rows) / len(rows)
+    return out
+
+
+def _pool_tokens(batch: int, seq: int, page: int) -> int:
+    """Enough slots for `batch` requests of `seq` tokens, whole pages each, plus slack."""
+    return batch * -(-seq // page) * page + 2 * page
+
+
+def run_one_batch(args: argparse.Namespace) -> int:
+    from radixserve.engine import EngineCore
+    from radixserve.engine.model_executor.forward_batch import ForwardMode
+    from radixserve.engine.sampling import SamplingBatchInfo, SamplingParams, SamplingRow
+
+    bs, n_in, n_out = args.batch_size, args.input_len, args.output_len
+    print(f"[bench] loading {args.model_path} …", file=sys.stderr, flush=True)
+    engine = EngineCore(
+        model_path=args.model_path,
+        dtype=args.dtype,
+        attention_backend=args.attention_backend,
+        page_size=args.page_size,
+        max_total_tokens=_pool_tokens(bs, n_in + n_out, args.page_size),
+        disable_overlap_schedule=True,
+    )
+    runner, vocab = engine.runner, engine.model_config.vocab_size
+    rng = random.Random(args.seed)
+    prompts = [[rng.randrange(vocab) for _ in range(n_in)] for _ in range(bs)]
+    rows = runner.req_to_token_pool.alloc(bs)
+    params = SamplingParams(temperature=0.0, max_new_tokens=n_out)
+    info = SamplingBatchInfo.build(
+        [SamplingRow(params, p, [], frozenset(), None) for p in prompts], vocab, runner.device
+    )
+    timer = StageTimer(runner.model)
+    reqs = {"rows": rows, "prefix": [0] * bs, "extend": [n_in] * bs}
+    reqs["input_ids"] = [t for p in prompts for t in p]
+    first = _step(runner, timer, _batch(runner, ForwardMode.EXTEND, reqs), info, "prefill")
+    decode_rows, ids = [], first["ids"]
+    for i in range(n_out - 1):
+        reqs = {"rows": rows, "prefix": [n_in + i] * bs, "extend": [1] * bs, "input_ids": ids}
+        out = _step(runner, timer, _batch(runner, ForwardMode.DECODE, reqs), info, "decode")
+        decode_rows.append(out["row"])
+        ids = out["ids"]
+    timer.remove()
+    engine.shutdown()
+    table = [first["row"], _mean_rows(decode_rows, "decode (mean/step)")]
+    settings = engine.server_args.effective_settings()
+    print_table(f"one batch: B={bs} in={n_in} out={n_out} ({settings})", table, COLUMNS)
+    decode_ms = table[1]["ms"]
+    summary = {
+        "prefill_tok_per_s": bs * n_in / (table[0]["ms"] / 1000),
+        "decode_tok_per_s": bs / (decode_ms / 1000),
+    }
+    print(
+        f"prefill {summary['prefill_tok_per_s']:.0f} tok/s, "
+        f"decode {summary['decode_tok_per_s']:.1f} tok/s"
+    )
+    write_json(
+        args.output_file,
+        {
+            "benchmark": "one-batch",
+            "settings": settings,
+            "args": {k: v for k, v in vars(args).items() if k != "handler"},
+            "prefill": table[0],
+            "decode_mean": table[1],
+            "decode_steps": decode_rows,
+            **summary,
+        },
+    )
+    return 0
