@@ -15,7 +15,7 @@ from tests.conftest import PROMPTS
 def engine() -> Iterator[Any]:
     from radixserve.engine import Engine
 
-    with Engine(model_path="smollm2-135m", max_total_tokens=8192) as eng:
+    with Engine(model_path="smollm2-135m", max_total_tokens=8192, dtype="float32") as eng:
         yield eng
 
 

@@ -14,7 +14,12 @@ import torch
 
 from tests.engine.models.tiny import VOCAB, save_tiny
 
-ARGS = {"max_total_tokens": 4096, "chunked_prefill_size": 32, "max_prefill_tokens": 96}
+ARGS = {
+    "dtype": "float32",
+    "max_total_tokens": 4096,
+    "chunked_prefill_size": 32,
+    "max_prefill_tokens": 96,
+}
 PARAMS = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
 
 

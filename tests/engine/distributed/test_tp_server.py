@@ -24,10 +24,11 @@ def test_serve_tp2_answers_openai_client(tmp_path: Path) -> None:
     folder.mkdir()
     save_tiny("llama", folder, seed=5)
     prompt = [5, 9, 17, 33, 65, 129, 3, 7]
-    core = EngineCore(model_path=str(folder), max_total_tokens=2048)
+    core = EngineCore(model_path=str(folder), max_total_tokens=2048, dtype="float32")
     want = core.generate(input_ids=prompt, sampling_params={"temperature": 0, "max_new_tokens": 8})
     core.shutdown()
     args = ("--model-path", str(folder), "--tp-size", "2", "--max-total-tokens", "2048")
+    args += ("--dtype", "float32")  # compared with the float32 single-process run
     # KV events on: only rank 0 binds the publisher port (a peer binding it too would fail
     # start-up with "address in use").
     args += ("--kv-events-port", str(free_port_pair()))
