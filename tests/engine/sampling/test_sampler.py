@@ -262,3 +262,29 @@ def test_sample_leaves_input_logits_unchanged() -> None:
 def test_next_token_ids_are_int64() -> None:
     info = _info([_row(SamplingParams(), gen=make_generator(0, CPU))])
     assert Sampler().sample(_logits(), info).next_token_ids.dtype == torch.int64
+
+
+def test_all_greedy_fast_path_matches_argmax_and_log_softmax() -> None:
+    """All-greedy rows with nothing to apply skip the processors and the full log_softmax;
+    ids and log-probs must be what torch's argmax and log_softmax give (bf16 logits too)."""
+    greedy = SamplingParams(temperature=0.0)
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = _logits(batch=6, seed=3).to(dtype)
+        info = _info([_row(greedy) for _ in range(6)])
+        assert info.is_all_greedy and not info.has_logits_processors
+        out = Sampler().sample(logits, info)
+        want_ids = logits.float().argmax(dim=-1)
+        want_lp = torch.log_softmax(logits.float(), dim=-1).gather(1, want_ids.unsqueeze(1))
+        assert torch.equal(out.next_token_ids, want_ids)
+        torch.testing.assert_close(out.logprobs, want_lp.squeeze(1))
+        assert out.top_logprobs is None
+        assert logits.dtype == dtype  # the caller's logits are left as they were
+
+
+def test_greedy_rows_with_a_penalty_take_the_processed_argmax() -> None:
+    """A repetition penalty turns the fast path off: the penalised token loses the argmax."""
+    logits = _from_probs([0.6, 0.4])
+    penalised = SamplingParams(temperature=0.0, repetition_penalty=10.0)
+    info = _info([_row(penalised, output=[0])])
+    assert info.has_logits_processors
+    assert Sampler().sample(logits, info).next_token_ids.tolist() == [1]

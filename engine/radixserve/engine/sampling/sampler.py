@@ -48,6 +48,8 @@ class Sampler:
         top_logprobs_nums: list[int] | None = None,
     ) -> SampleOutput:
         """Pick one token per row of `logits` [B, V]; `logits` itself is left unchanged."""
+        if info.is_all_greedy and not info.has_logits_processors and not top_logprobs_nums:
+            return _greedy_fast_path(logits)
         raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
         processed = info.apply_logits_processors(logits.to(torch.float32, copy=True))
         if info.is_all_greedy:
@@ -60,6 +62,15 @@ class Sampler:
             logprobs=chosen,
             top_logprobs=_top_logprobs(raw_logprobs, top_logprobs_nums),
         )
+
+
+def _greedy_fast_path(logits: torch.Tensor) -> SampleOutput:
+    """All rows greedy, nothing to apply: argmax, and the chosen log-prob as logit − logsumexp
+    (no [B, V] copy, no full log_softmax written out)."""
+    logits = logits.float()
+    next_ids = logits.argmax(dim=-1)
+    chosen = logits.gather(1, next_ids.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=-1)
+    return SampleOutput(next_token_ids=next_ids, logprobs=chosen, top_logprobs=None)
 
 
 def _filtered_probs(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:

@@ -94,6 +94,12 @@ class SamplingBatchInfo:
             generators=[r.generator for r in rows],
         )
 
+    @property
+    def has_logits_processors(self) -> bool:
+        """Whether any row has a bias, penalty or min-new-tokens mask to apply."""
+        masks = (self.logit_bias, self.seen_mask, self.output_counts, self.min_tokens_mask)
+        return any(m is not None for m in masks)
+
     def apply_logits_processors(self, logits: torch.Tensor) -> torch.Tensor:
         """Apply bias, penalties and the min-new-tokens mask to float32 logits [B, V].
 
