@@ -12,6 +12,8 @@ import asyncio
 import threading
 from typing import Any
 
+import msgspec
+
 from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.entrypoints.generation import collect, native_output
 from radixserve.engine.entrypoints.launch import launch_subprocesses
@@ -51,12 +53,13 @@ class Engine:
         input_ids: list[int] | list[list[int]] | None = None,
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
+        data_parallel_rank: int | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]]:
         """Same contract as EngineCore.generate; bad input raises ValueError naming the field."""
         tm = self.state.tokenizer_manager
         prompts, single = native_prompts(tm.tokenize, prompt, input_ids, text_field="prompt")
         params = per_prompt_params(sampling_params, len(prompts))
-        options = OutputOptions(False, return_logprob, top_logprobs_num)
+        options = OutputOptions(False, return_logprob, top_logprobs_num, data_parallel_rank)
         inputs = build_inputs(prompts, params, self.state.limits, options)
         results = self._run(collect(tm, inputs))
         want_lp = return_logprob or top_logprobs_num > 0
@@ -68,6 +71,16 @@ class Engine:
 
     def flush_cache(self) -> bool:
         return bool(self._run(self.state.tokenizer_manager.flush_cache()).success)
+
+    def get_load(self) -> list[dict[str, Any]]:
+        """Each DP rank's scheduler load (running, queued, tokens), by dp_rank."""
+        loads = self._run(self.state.tokenizer_manager.get_load())
+        return [msgspec.structs.asdict(load) for load in loads]
+
+    def cached_tokens_per_rank(self) -> list[int]:
+        """Tokens each DP rank's radix cache holds now (evictable + in use by requests)."""
+        states = self._run(self.state.tokenizer_manager.get_state())
+        return [s.evictable_tokens + s.protected_tokens for s in states]
 
     def shutdown(self) -> None:
         """Stop the loop and the child processes; safe to call twice."""

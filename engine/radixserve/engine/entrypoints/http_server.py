@@ -71,7 +71,12 @@ def generate_inputs(state: ServerState, body: dict[str, Any]) -> tuple[list[Gene
     top = body.get("top_logprobs_num", 0)
     if not isinstance(top, int) or isinstance(top, bool):
         raise InvalidRequest("top_logprobs_num: expected an integer")
-    options = OutputOptions(_flag(body, "stream"), _flag(body, "return_logprob"), top)
+    options = OutputOptions(
+        _flag(body, "stream"),
+        _flag(body, "return_logprob"),
+        top,
+        body.get("data_parallel_rank"),  # checked by build_inputs
+    )
     inputs = build_inputs(prompts, params, state.limits, options)
     return inputs, single and len(inputs) == 1
 
@@ -180,9 +185,13 @@ def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per
         return st(request).server_info()
 
     @app.get("/get_load")
-    async def get_load(request: Request) -> dict[str, Any]:
-        load = await st(request).tokenizer_manager.get_load()
-        return {f: getattr(load, f) for f in load.__struct_fields__}
+    async def get_load(request: Request) -> Any:
+        """One scheduler's load as an object; with --dp-size > 1 a list, one per DP rank."""
+        loads = [
+            {f: getattr(load, f) for f in load.__struct_fields__}
+            for load in await st(request).tokenizer_manager.get_load()
+        ]
+        return loads if len(loads) > 1 else loads[0]
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache(request: Request) -> Response:
@@ -194,8 +203,10 @@ def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per
     @app.get("/debug/cache_pages")
     async def cache_pages(request: Request) -> dict[str, Any]:
         """Sorted int64 event hashes of every cached page (the scheduler's own view)."""
-        out = await st(request).tokenizer_manager.get_state(include_pages=True)
-        return {"page_hashes": list(out.page_hashes)}
+        outs = await st(request).tokenizer_manager.get_state(include_pages=True)
+        ranks = [{"dp_rank": o.dp_rank, "page_hashes": list(o.page_hashes)} for o in outs]
+        union = sorted({h for o in outs for h in o.page_hashes})
+        return {"page_hashes": union, "dp_ranks": ranks}
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> dict[str, Any]:
@@ -238,8 +249,8 @@ def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         state = st(request)
-        load = await state.tokenizer_manager.get_load()
-        return Response(state.metrics.render(load), media_type="text/plain; version=0.0.4")
+        loads = await state.tokenizer_manager.get_load()
+        return Response(state.metrics.render(loads), media_type="text/plain; version=0.0.4")
 
 
 class ApiKeyMiddleware:

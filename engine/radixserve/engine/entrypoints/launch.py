@@ -1,5 +1,7 @@
-"""Starts a replica's child processes (one scheduler per TP rank, the detokenizer), waits
-for every rank's start-up handshake, watches them, and shuts them down in order.
+"""Starts a replica's child processes (one scheduler per TP rank of each of the dp_size
+scheduling groups, the detokenizer), waits for every rank's start-up handshake, watches them,
+and shuts them down in order. Each DP group has its own torch.distributed rendezvous and its
+own scheduler input (`PortArgs.scheduler_input_for`).
 
 Children are spawned (not forked: torch and ZMQ state must not be shared), ignore SIGINT
 (the parent owns Ctrl-C) and are SIGKILLed by the kernel if the parent dies.
@@ -59,6 +61,7 @@ class ChildProcesses:
     ports: PortArgs
     scheduler_info: dict[str, Any]
     procs: list[BaseProcess] = field(default_factory=list)
+    rank_infos: list[dict[str, Any]] = field(default_factory=list)  # TP rank 0 of each DP rank
     crashed: bool = False  # the server is stopping because something died (a child, the loop)
 
     def dead(self) -> list[BaseProcess]:
@@ -98,30 +101,32 @@ def free_tcp_port(host: str) -> int:
 
 
 def launch_subprocesses(args: ServerArgs) -> ChildProcesses:
-    """Start one scheduler per TP rank + the detokenizer; return once every rank is ready."""
+    """Start tp_size schedulers for each of the dp_size DP ranks + the detokenizer; return
+    once every rank is ready."""
     check_parallel_layout(args)
     ctx = mp.get_context("spawn")
     ports = PortArgs.create()
-    dist_port = free_tcp_port("127.0.0.1") if args.tp_size > 1 else 0
     readers, procs = [], []
-    for tp_rank in range(args.tp_size):
-        reader, writer = ctx.Pipe(duplex=False)
-        rank = RankSpec(
-            tp_rank,
-            args.tp_size,
-            dist_port,
-            ep_size=args.ep_size,
-            moe_a2a_backend=args.moe_a2a_backend,
-        )
-        readers.append(reader)
-        procs.append(
-            ctx.Process(
-                target=_scheduler_main,
-                args=(args, ports, writer, 0, rank),
-                name=f"radixserve-scheduler-0-tp{tp_rank}",
-                daemon=True,
+    for dp_rank in range(args.dp_size):
+        dist_port = free_tcp_port("127.0.0.1") if args.tp_size > 1 else 0
+        for tp_rank in range(args.tp_size):
+            reader, writer = ctx.Pipe(duplex=False)
+            rank = RankSpec(
+                tp_rank,
+                args.tp_size,
+                dist_port,
+                ep_size=args.ep_size,
+                moe_a2a_backend=args.moe_a2a_backend,
             )
-        )
+            readers.append(reader)
+            procs.append(
+                ctx.Process(
+                    target=_scheduler_main,
+                    args=(args, ports, writer, dp_rank, rank),
+                    name=f"radixserve-scheduler-{dp_rank}-tp{tp_rank}",
+                    daemon=True,
+                )
+            )
     detok = ctx.Process(
         target=_detokenizer_main, args=(args, ports), name="radixserve-detokenizer", daemon=True
     )
@@ -129,6 +134,7 @@ def launch_subprocesses(args: ServerArgs) -> ChildProcesses:
     for p in children.procs:
         p.start()
     infos = [_wait_ready(children, reader) for reader in readers]
+    children.rank_infos = infos[:: args.tp_size]
     children.scheduler_info = infos[0]
     logger.info("scheduler ready %s", infos[0])
     return children

@@ -153,7 +153,7 @@ async def create_completion(request: Request) -> Response:
     prompts = prompt_list(req.prompt, state.tokenizer_manager.tokenize)
     max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
     want_lp = req.logprobs is not None
-    options = OutputOptions(req.stream, want_lp, req.logprobs or 0)
+    options = OutputOptions(req.stream, want_lp, req.logprobs or 0, req.data_parallel_rank)
     inputs = openai_inputs(prompts, req.sampling_params(max_tokens), state.limits, options)
     call = _Call(
         "text_completion",
@@ -270,7 +270,7 @@ async def create_chat_completion(request: Request) -> Response:
     if max_tokens is None:  # SGLang: generate until the context is full
         max_tokens = max(0, state.limits.context_len - len(ids) - 1)
     top = (req.top_logprobs or 0) if req.logprobs else 0
-    options = OutputOptions(req.stream, req.logprobs, top)
+    options = OutputOptions(req.stream, req.logprobs, top, req.data_parallel_rank)
     inputs = openai_inputs(
         [Prompt(text, ids)], req.sampling_params(max_tokens), state.limits, options
     )

@@ -35,6 +35,7 @@ class ServerLimits:
     context_len: int
     max_req_input_len: int
     vocab_size: int
+    dp_size: int = 1  # data_parallel_rank must be in [0, dp_size)
 
 
 class Prompt(NamedTuple):
@@ -49,6 +50,7 @@ class OutputOptions:
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    data_parallel_rank: int | None = None  # pin every prompt of the call to this DP rank
 
 
 def _is_id(x: object) -> bool:
@@ -140,6 +142,7 @@ def build_inputs(
     if not 0 <= top <= MAX_TOP_LOGPROBS:
         raise InvalidRequest(f"top_logprobs_num: must be in [0, {MAX_TOP_LOGPROBS}], got {top}")
     want_lp = options.return_logprob or options.top_logprobs_num > 0
+    check_dp_rank(options.data_parallel_rank, limits.dp_size)
     out: list[GenerateInput] = []
     for prompt, raw in zip(prompts, raw_params, strict=True):
         params = parse_params(raw, limits.vocab_size)
@@ -160,6 +163,17 @@ def build_inputs(
                     options.stream,
                     want_lp,
                     options.top_logprobs_num,
+                    data_parallel_rank=options.data_parallel_rank,
                 )
             )
     return out
+
+
+def check_dp_rank(rank: object, dp_size: int) -> None:
+    """`data_parallel_rank` (SGLang's and the router's field) is None or in [0, dp_size)."""
+    if rank is None:
+        return
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < dp_size:
+        raise InvalidRequest(
+            f"data_parallel_rank: must be an integer in [0, {dp_size}), got {rank!r}"
+        )

@@ -67,10 +67,20 @@ def build_state(
     files = load_model_files(source, args.resolved_dtype)
     tokenizer = load_tokenizer(source)
     info = children.scheduler_info
-    limits = ServerLimits(info["context_len"], info["max_req_input_len"], files.config.vocab_size)
+    limits = ServerLimits(
+        info["context_len"], info["max_req_input_len"], files.config.vocab_size, args.dp_size
+    )
     metrics = EngineMetrics(args.model_name)
     request_log = RequestLogOptions(args.log_requests, args.log_requests_text)
-    tm = TokenizerManager(tokenizer, children.ports, metrics, on_fatal, request_log)
+    tm = TokenizerManager(
+        tokenizer,
+        children.ports,
+        metrics,
+        on_fatal,
+        request_log,
+        dp_size=args.dp_size,
+        load_balance_method=args.load_balance_method,
+    )
     model_info = _model_info(args, tokenizer, info, files)
     return ServerState(args, tokenizer, tm, children, metrics, model_info, limits)
 

@@ -20,8 +20,8 @@ import zmq.asyncio
 
 @dataclass(frozen=True, slots=True)
 class PortArgs:
-    """IPC endpoints of one server: one scheduler input (read by TP rank 0, which broadcasts
-    to its peers), one detokenizer input and one tokenizer-manager input."""
+    """IPC endpoints of one server: one scheduler input per DP rank (read by its TP rank 0,
+    which broadcasts to its peers), one detokenizer input and one tokenizer-manager input."""
 
     scheduler_input: str
     detokenizer_input: str
@@ -35,6 +35,10 @@ class PortArgs:
             detokenizer_input=f"ipc://{os.path.join(base, 'detokenizer')}",
             tokenizer_input=f"ipc://{os.path.join(base, 'tokenizer')}",
         )
+
+    def scheduler_input_for(self, dp_rank: int, dp_size: int) -> str:
+        """DP rank `dp_rank`'s scheduler input (the one `scheduler_input` when dp_size is 1)."""
+        return self.scheduler_input if dp_size == 1 else f"{self.scheduler_input}-dp{dp_rank}"
 
 
 class PushChannel:

@@ -73,6 +73,7 @@ class StateOutput(_Msg, frozen=True):
     num_running_reqs: int
     num_waiting_reqs: int
     page_hashes: list[int] = []
+    dp_rank: int = 0
 
 
 class BatchTokenIDOutput(_Msg, frozen=True):

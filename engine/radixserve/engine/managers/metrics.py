@@ -2,7 +2,8 @@
 
 Counters and latency histograms are fed by the tokenizer manager as outputs arrive; gauges
 (running / queued requests, token usage) are refreshed from the scheduler's load at scrape
-time. Each server owns its own CollectorRegistry: no process-global metric state.
+time, one series per DP rank (label `dp_rank`; request counters and latencies are
+server-wide). Each server owns its own CollectorRegistry: no process-global metric state.
 """
 
 from __future__ import annotations
@@ -42,16 +43,19 @@ class EngineMetrics:
         def g(name: str, doc: str) -> Gauge:
             return Gauge(P + name, doc, labels, registry=reg)
 
+        def rank_g(name: str, doc: str) -> Gauge:
+            return Gauge(P + name, doc, [*labels, "dp_rank"], registry=reg)
+
         def c(name: str, doc: str) -> Counter:
             return Counter(P + name, doc, labels, registry=reg)
 
         def h(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(P + name, doc, labels, buckets=buckets, registry=reg)
 
-        self.num_running_reqs = g("num_running_reqs", "Requests running on the scheduler")
-        self.num_queue_reqs = g("num_queue_reqs", "Requests waiting in the scheduler queue")
-        self.token_usage = g("token_usage", "Fraction of the KV pool in use")
-        self.num_used_tokens = g("num_used_tokens", "KV tokens in use")
+        self.num_running_reqs = rank_g("num_running_reqs", "Requests running on the scheduler")
+        self.num_queue_reqs = rank_g("num_queue_reqs", "Requests waiting in the scheduler queue")
+        self.token_usage = rank_g("token_usage", "Fraction of the KV pool in use")
+        self.num_used_tokens = rank_g("num_used_tokens", "KV tokens in use")
         self.cache_hit_rate = g("cache_hit_rate", "Cached prompt tokens / prompt tokens")
         self.gen_throughput = g("gen_throughput", "Generated tokens per second (10 s window)")
         self.prompt_tokens = c("prompt_tokens", "Prompt tokens of finished requests")
@@ -101,13 +105,15 @@ class EngineMetrics:
         self._prompt_total += done.prompt_tokens
         self._cached_total += done.cached_tokens
 
-    def render(self, load: LoadOutput) -> bytes:
-        """Refresh gauges from the scheduler's LoadOutput and render the exposition text."""
+    def render(self, loads: list[LoadOutput]) -> bytes:
+        """Refresh gauges from each DP rank's LoadOutput and render the exposition text."""
         lab = self.labels
-        self.num_running_reqs.labels(**lab).set(load.num_running_reqs)
-        self.num_queue_reqs.labels(**lab).set(load.num_waiting_reqs)
-        self.token_usage.labels(**lab).set(load.token_usage)
-        self.num_used_tokens.labels(**lab).set(load.token_usage * load.max_total_num_tokens)
+        for load in loads:
+            rank = {**lab, "dp_rank": str(load.dp_rank)}
+            self.num_running_reqs.labels(**rank).set(load.num_running_reqs)
+            self.num_queue_reqs.labels(**rank).set(load.num_waiting_reqs)
+            self.token_usage.labels(**rank).set(load.token_usage)
+            self.num_used_tokens.labels(**rank).set(load.token_usage * load.max_total_num_tokens)
         self.cache_hit_rate.labels(**lab).set(self._cached_total / max(self._prompt_total, 1))
         now = time.monotonic()
         while self._recent and now - self._recent[0][0] > THROUGHPUT_WINDOW_S:

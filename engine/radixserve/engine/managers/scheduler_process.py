@@ -2,9 +2,10 @@
 streams token-id outputs to the detokenizer (and control replies to the tokenizer manager).
 
 Loop: drain inputs (block briefly only when idle) → dispatch by message type → one
-scheduling step → publish KV events → send outputs. One process per TP rank: rank 0 reads
-the channel and broadcasts each round's inputs to its peers (`tp_broadcast`); only rank 0
-sends outputs and publishes KV events. Model, tokenizer and Scheduler come from
+scheduling step → publish KV events → send outputs. One process per TP rank of each DP rank:
+TP rank 0 reads its DP rank's channel and broadcasts each round's inputs to its peers
+(`tp_broadcast`); only TP rank 0 sends outputs and publishes KV events (on its DP rank's
+port, tagged with its dp_rank). Model, tokenizer and Scheduler come from
 `SchedulerCore`.
 """
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
+import msgspec
 import torch
 import zmq
 
@@ -67,8 +69,10 @@ class SchedulerLoop:
         core: SchedulerCore,
         channels: SchedulerChannels,
         publish_events: Callable[[], None] | None = None,
+        dp_rank: int = 0,
     ) -> None:
         self.core = core
+        self.dp_rank = dp_rank
         self.scheduler = core.scheduler
         self.ch = channels
         self.publish_events = publish_events
@@ -113,10 +117,11 @@ class SchedulerLoop:
         self.ch.to_tokenizer.send(FlushCacheOutput(ok, text))
 
     def handle_get_load(self, msg: GetLoadReq) -> None:
-        self.ch.to_tokenizer.send(self.scheduler.load())
+        self.ch.to_tokenizer.send(self.scheduler.load(self.dp_rank))
 
     def handle_get_state(self, msg: GetStateReq) -> None:
-        self.ch.to_tokenizer.send(self.scheduler.state(msg.include_pages))
+        state = self.scheduler.state(msg.include_pages)
+        self.ch.to_tokenizer.send(msgspec.structs.replace(state, dp_rank=self.dp_rank))
 
     # ---- outputs --------------------------------------------------------------------------
 
@@ -175,9 +180,14 @@ def rank_args(args: ServerArgs, rank: RankSpec) -> ServerArgs:
     return args
 
 
-def _channels(ctx: zmq.Context[Any], ports: PortArgs, groups: ParallelGroups) -> SchedulerChannels:
+def _channels(
+    ctx: zmq.Context[Any], ports: PortArgs, groups: ParallelGroups, dp: tuple[int, int]
+) -> SchedulerChannels:
+    """This rank's input (its DP rank's channel, or rank 0's broadcast) and output senders."""
+    address = ports.scheduler_input_for(*dp)
+
     def pull() -> PullChannel:
-        return PullChannel(ctx, ports.scheduler_input, bind=False, msg_type=SchedulerInput)
+        return PullChannel(ctx, address, bind=False, msg_type=SchedulerInput)
 
     if groups.tp.size == 1:
         recv: RequestSource = ChannelSource(pull())
@@ -194,8 +204,9 @@ def _channels(ctx: zmq.Context[Any], ports: PortArgs, groups: ParallelGroups) ->
 
 def _set_cpu_threads(args: ServerArgs, rank: RankSpec) -> None:
     # Ranks on one CPU share its cores: without a cap each would start one thread per core.
-    if args.device == "cpu" and rank.tp_size > 1:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // rank.tp_size))
+    ranks = rank.tp_size * args.dp_size
+    if args.device == "cpu" and ranks > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
 
 
 def run_scheduler_process(
@@ -225,14 +236,14 @@ def run_scheduler_process(
             publisher.close()
         ready.send({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
         return
-    channels = _channels(ctx, ports, groups)
+    channels = _channels(ctx, ports, groups, (dp_rank, args.dp_size))
     sched = core.scheduler
     ready.send(
         {"status": "ready", "dp_rank": dp_rank, "tp_rank": rank.tp_rank, **core.context_info()}
     )
     flush = publisher.make_flush(lambda: sched.tree_cache) if publisher is not None else None
     try:
-        SchedulerLoop(core, channels, flush).run()
+        SchedulerLoop(core, channels, flush, dp_rank).run()
     finally:
         if publisher is not None:
             publisher.close()

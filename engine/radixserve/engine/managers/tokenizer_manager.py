@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 import zmq.asyncio
 
-from radixserve.engine.ipc.channels import AsyncPullChannel, AsyncPushChannel, PortArgs
+from radixserve.engine.ipc.channels import AsyncPullChannel, PortArgs
 from radixserve.engine.ipc.finish_reason import FinishAbort, FinishReason
 from radixserve.engine.ipc.messages import (
     AbortReq,
@@ -39,6 +39,7 @@ from radixserve.engine.ipc.messages import (
     TokenizedGenerateReq,
     TokenizerInput,
 )
+from radixserve.engine.managers.data_parallel_controller import DataParallelController
 from radixserve.engine.managers.metrics import EngineMetrics, FinishedCounts
 from radixserve.engine.managers.request_log import (
     FinishedRequest,
@@ -69,6 +70,7 @@ class GenerateInput:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    data_parallel_rank: int | None = None  # pinned DP rank (validated at the edge)
 
     def tokenized(self) -> TokenizedGenerateReq:
         """The scheduler's message for this input."""
@@ -80,6 +82,7 @@ class GenerateInput:
             return_logprob=self.return_logprob,
             top_logprobs_num=self.top_logprobs_num,
             stream=self.stream,
+            data_parallel_rank=self.data_parallel_rank,
         )
 
 
@@ -121,6 +124,9 @@ class TokenizerManager:
         metrics: EngineMetrics,
         on_fatal: Callable[[BaseException], None] | None = None,
         request_log: RequestLogOptions | None = None,
+        *,
+        dp_size: int = 1,
+        load_balance_method: str = "round_robin",
     ) -> None:
         self.tokenizer = tokenizer
         self.request_log = request_log = request_log or RequestLogOptions()
@@ -136,12 +142,16 @@ class TokenizerManager:
             StateOutput: deque(),
         }
         self.dead: BaseException | None = None
+        self.dp_size, self.load_balance_method = dp_size, load_balance_method
         self._task: asyncio.Task[None] | None = None
         self._aborts: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self.ctx = ctx = zmq.asyncio.Context()
-        self.to_scheduler = AsyncPushChannel(ctx, self.ports.scheduler_input, bind=True)
+        # one push channel per DP rank, and where each request goes
+        self.to_scheduler = DataParallelController(
+            ctx, self.ports, self.dp_size, self.load_balance_method
+        )
         self.recv = AsyncPullChannel(
             ctx, self.ports.tokenizer_input, bind=True, msg_type=TokenizerInput
         )
@@ -173,7 +183,7 @@ class TokenizerManager:
             state.prompt_text, state.output_parts = inp.text, []
         self.rid_to_state[inp.rid] = state
         try:
-            await self.to_scheduler.send(inp.tokenized())
+            await self.to_scheduler.send_generate(inp.tokenized())
             while True:
                 item = await state.queue.get()
                 if isinstance(item, OutputLoopDied):
@@ -186,7 +196,9 @@ class TokenizerManager:
             if not state.finished and self.dead is None:
                 self.metrics.observe_client_abort()
                 self._log_finished(inp.rid, state, "client_gone")
-                self._abort_soon(inp.rid)
+                self._abort_soon(inp.rid)  # releases the request's DP slot once sent
+            else:
+                self.to_scheduler.finished(inp.rid)
 
     def _abort_soon(self, rid: str) -> None:
         """Send the abort from a task of its own: the caller may be inside a cancelled scope
@@ -196,27 +208,34 @@ class TokenizerManager:
         task.add_done_callback(self._aborts.discard)
 
     async def abort(self, rid: str) -> None:
-        await self.to_scheduler.send(AbortReq(rid=rid))
+        await self.to_scheduler.send_abort(AbortReq(rid=rid))
+        self.to_scheduler.finished(rid)
 
-    async def _control(self, msg: msgspec.Struct, reply: type) -> Any:
+    async def _control(self, msg: msgspec.Struct, reply: type) -> list[Any]:
+        """Send a control request to every DP rank; one reply per rank."""
         if self.dead is not None:
             raise OutputLoopDied("the output loop is dead") from self.dead
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.waiters[reply].append(fut)
-        await self.to_scheduler.send(msg)
-        return await asyncio.wait_for(fut, timeout=CONTROL_TIMEOUT_S)
+        loop = asyncio.get_running_loop()
+        futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in range(self.dp_size)]
+        self.waiters[reply].extend(futs)
+        await self.to_scheduler.broadcast(msg)
+        return list(await asyncio.wait_for(asyncio.gather(*futs), timeout=CONTROL_TIMEOUT_S))
 
     async def flush_cache(self) -> FlushCacheOutput:
-        out: FlushCacheOutput = await self._control(FlushCacheReq(), FlushCacheOutput)
-        return out
+        """Flush every DP rank's cache; fails (with the first rank's reason) if any refused."""
+        outs: list[FlushCacheOutput] = await self._control(FlushCacheReq(), FlushCacheOutput)
+        failed = [o for o in outs if not o.success]
+        return failed[0] if failed else outs[0]
 
-    async def get_load(self) -> LoadOutput:
-        out: LoadOutput = await self._control(GetLoadReq(), LoadOutput)
-        return out
+    async def get_load(self) -> list[LoadOutput]:
+        """One LoadOutput per DP rank, by dp_rank."""
+        outs: list[LoadOutput] = await self._control(GetLoadReq(), LoadOutput)
+        return sorted(outs, key=lambda o: o.dp_rank)
 
-    async def get_state(self, include_pages: bool = False) -> StateOutput:
-        out: StateOutput = await self._control(GetStateReq(include_pages), StateOutput)
-        return out
+    async def get_state(self, include_pages: bool = False) -> list[StateOutput]:
+        """One StateOutput per DP rank, by dp_rank."""
+        outs: list[StateOutput] = await self._control(GetStateReq(include_pages), StateOutput)
+        return sorted(outs, key=lambda o: o.dp_rank)
 
     # ---- outputs ----------------------------------------------------------------------------
 
