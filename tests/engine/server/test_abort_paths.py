@@ -40,22 +40,29 @@ def _wait(cond: Callable[[], bool], timeout_s: float) -> bool:
     return cond()
 
 
-def _disconnect_mid_generation(server: LiveServer, client_call: Callable[[], None]) -> None:
+def _disconnect_mid_generation(
+    server: LiveServer, client_call: Callable[[threading.Event], None]
+) -> None:
     """Run client_call (which leaves early) in a thread; it must have been running in the
-    scheduler; afterwards nothing may be left running and the KV must be free."""
+    scheduler; afterwards nothing may be left running and the KV must be free.
+
+    A streaming call sets the event once tokens reached it, which proves the request ran even
+    when it was aborted between two polls of /get_load."""
     assert _wait(lambda: _load(server)["num_reqs"] == 0, 30), "server not idle before the test"
     before = _aborted(server)
     errors: list[BaseException] = []
+    streamed = threading.Event()
 
     def run() -> None:
         try:
-            client_call()
+            client_call(streamed)
         except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
             errors.append(exc)
 
     t = threading.Thread(target=run)
     t.start()
-    assert _wait(lambda: _load(server)["num_running_reqs"] >= 1, 30), "request never ran"
+    ran = lambda: streamed.is_set() or _load(server)["num_running_reqs"] >= 1  # noqa: E731
+    assert _wait(ran, 30), "request never ran"
     t.join(60)
     assert not t.is_alive() and not errors, errors
     assert _wait(lambda: _load(server)["num_reqs"] == 0, 20), _load(server)
@@ -64,13 +71,14 @@ def _disconnect_mid_generation(server: LiveServer, client_call: Callable[[], Non
     assert _wait(lambda: _aborted(server) >= before + 1, 5)
 
 
-def _sse_lines(resp: httpx.Response, n: int) -> None:
+def _sse_lines(resp: httpx.Response, n: int, streamed: threading.Event) -> None:
     """Read n data lines of a stream, then return (the caller closes the connection)."""
     got = 0
     for line in resp.iter_lines():
         if line.startswith("data: ") and line != "data: [DONE]":
             json.loads(line[6:])
             got += 1
+            streamed.set()
             if got >= n:
                 return
     raise AssertionError("the stream ended before the client left")
@@ -83,7 +91,7 @@ NATIVE_BODY = {
 
 
 def test_generate_non_stream_disconnect_aborts(server: LiveServer) -> None:
-    def call() -> None:
+    def call(streamed: threading.Event) -> None:
         with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the socket
             httpx.post(
                 server.base_url + "/generate", json=NATIVE_BODY, timeout=httpx.Timeout(60, read=3)
@@ -93,11 +101,11 @@ def test_generate_non_stream_disconnect_aborts(server: LiveServer) -> None:
 
 
 def test_generate_stream_disconnect_aborts(server: LiveServer) -> None:
-    def call() -> None:
+    def call(streamed: threading.Event) -> None:
         body = {**NATIVE_BODY, "stream": True}
         with httpx.stream("POST", server.base_url + "/generate", json=body, timeout=60) as r:
             assert r.status_code == 200
-            _sse_lines(r, 3)
+            _sse_lines(r, 3, streamed)
 
     _disconnect_mid_generation(server, call)
 
@@ -108,7 +116,7 @@ def client(server: LiveServer) -> openai.OpenAI:
 
 
 def test_openai_chat_stream_disconnect_aborts(server: LiveServer, client: openai.OpenAI) -> None:
-    def call() -> None:
+    def call(streamed: threading.Event) -> None:
         stream = client.chat.completions.create(
             model=MODEL,
             messages=CHAT,
@@ -117,7 +125,8 @@ def test_openai_chat_stream_disconnect_aborts(server: LiveServer, client: openai
             extra_body={"ignore_eos": True},
         )
         for i, _ in enumerate(stream):
-            if i >= 3:
+            if i >= 3:  # past the role chunk: generated tokens arrived
+                streamed.set()
                 break
         stream.close()
 
@@ -127,7 +136,7 @@ def test_openai_chat_stream_disconnect_aborts(server: LiveServer, client: openai
 def test_openai_chat_non_stream_disconnect_aborts(
     server: LiveServer, client: openai.OpenAI
 ) -> None:
-    def call() -> None:
+    def call(streamed: threading.Event) -> None:
         with pytest.raises(openai.APITimeoutError):
             client.with_options(timeout=3).chat.completions.create(
                 model=MODEL, messages=CHAT, max_tokens=LONG, extra_body={"ignore_eos": True}
@@ -139,7 +148,7 @@ def test_openai_chat_non_stream_disconnect_aborts(
 def test_openai_completion_stream_disconnect_aborts(
     server: LiveServer, client: openai.OpenAI
 ) -> None:
-    def call() -> None:
+    def call(streamed: threading.Event) -> None:
         stream = client.completions.create(
             model=MODEL,
             prompt="Count:",
@@ -148,7 +157,8 @@ def test_openai_completion_stream_disconnect_aborts(
             extra_body={"ignore_eos": True},
         )
         for i, _ in enumerate(stream):
-            if i >= 3:
+            if i >= 3:  # past the role chunk: generated tokens arrived
+                streamed.set()
                 break
         stream.close()
 

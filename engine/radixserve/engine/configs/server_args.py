@@ -7,12 +7,14 @@ name the field, then passed down; lower layers receive only the slices they need
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixserve.engine.configs.cpu_features import cpu_has_bf16
-from radixserve.engine.configs.model_config import ModelConfig
 from radixserve.logging_setup import LOG_FORMATS
 from radixserve.protocol.kv_events import parse_event_format
+
+if TYPE_CHECKING:  # model_config imports torch: the router's CLI parses engine flags too
+    from radixserve.engine.configs.model_config import ModelConfig
 
 POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 DTYPES = ("float32", "bfloat16", "float16", "auto")

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from radixserve.engine.configs.model_config import ModelConfig
-from radixserve.engine.model_loader import gguf_files, hf_files
+from radixserve.engine.model_loader import gguf_cache, gguf_files, hf_files
 from radixserve.engine.model_loader.source import ModelSource
 from radixserve.engine.model_loader.weight import Weight
 
@@ -32,7 +32,9 @@ class LoadedModelFiles:
 
 
 def load_model_files(source: ModelSource, dtype: str | torch.dtype) -> LoadedModelFiles:
-    if source.kind == "gguf":
+    converted = gguf_cache.converted_folder(source.path) if source.kind == "gguf" else None
+    folder = converted or source.path
+    if source.kind == "gguf" and converted is None:
         hf_config = gguf_files.read_gguf_config(source.path)
         eos = hf_files.read_eos_token_ids(None, hf_config)
 
@@ -42,14 +44,14 @@ def load_model_files(source: ModelSource, dtype: str | torch.dtype) -> LoadedMod
         sharded: Callable[[], Iterator[tuple[str, Weight]]] = weights
 
     else:
-        hf_config = hf_files.read_hf_config(source.path)
-        eos = hf_files.read_eos_token_ids(source.path, hf_config)
+        hf_config = hf_files.read_hf_config(folder)
+        eos = hf_files.read_eos_token_ids(folder, hf_config)
 
         def weights() -> WeightIterator:
-            return hf_files.iter_safetensors(source.path)
+            return hf_files.iter_safetensors(folder)
 
         def sharded() -> Iterator[tuple[str, Weight]]:
-            return hf_files.iter_safetensors_lazy(source.path)
+            return hf_files.iter_safetensors_lazy(folder)
 
     config = ModelConfig.from_hf_dict(hf_config, dtype=dtype, eos_token_ids=eos)
     return LoadedModelFiles(
@@ -67,5 +69,8 @@ def load_tokenizer(source: ModelSource) -> Any:
     from transformers import AutoTokenizer  # engine extra; heavy import kept local
 
     if source.kind == "gguf":
+        converted = gguf_cache.converted_folder(source.path)
+        if converted is not None:
+            return AutoTokenizer.from_pretrained(str(converted))
         return AutoTokenizer.from_pretrained(str(source.path.parent), gguf_file=source.path.name)
     return AutoTokenizer.from_pretrained(str(source.path))
