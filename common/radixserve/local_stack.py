@@ -118,6 +118,22 @@ def stop_replicas(replicas: list[Replica]) -> None:
             r.proc.wait(5)
 
 
+def ready_table(args: argparse.Namespace, replicas: list[Replica]) -> str:
+    """What runs where: one row per replica (HTTP, KV events and replay, metrics, log) and
+    one for the router."""
+    router = f"http://{args.host}:{args.port}"
+    rows = [("", "url", "kv events (replay)", "metrics", "log")]
+    for r in replicas:
+        kv = f"tcp://127.0.0.1:{r.kv_events_port} ({r.kv_events_port + 1})"
+        rows.append((f"engine {r.index}", r.url, kv, f"{r.url}/metrics", str(r.log_path)))
+    rows.append((f"router ({args.policy})", router, "", f"{router}/metrics", "this terminal"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
 def _banner(args: argparse.Namespace) -> str:
     base = f"http://{args.host}:{args.port}"
     return (
@@ -148,6 +164,7 @@ def run_up(args: argparse.Namespace) -> int:
         router_args = parser.parse_args(router_argv)
         router_args.log_level = args.log_level
         router_args.log_format = args.log_format
+        print(ready_table(args, replicas), flush=True)
         print(_banner(args), flush=True)
         return int(router_args.handler(router_args))
     except KeyboardInterrupt:

@@ -34,6 +34,11 @@ _HELP: Mapping[str, str] = MappingProxyType(
         "log_format": "text: key=value lines; json: one JSON object per line (stderr)",
         "log_requests": "log one line per finished request (id, tokens, TTFT, e2e, finish)",
         "log_requests_text": "with --log-requests: also log the prompt and output text",
+        "generation_config": (
+            "sampling defaults for unset request fields: auto (the model's "
+            "generation_config.json; bundled SmolLM2: temperature 0.2, top_p 0.9), vllm (none), "
+            "or a folder / generation_config.json path"
+        ),
     }
 )
 _SCALARS = (bool, int, float, str)

@@ -8,8 +8,9 @@ name); anything else that escapes from here is a bug.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from radixserve.engine.managers.tokenizer_manager import GenerateInput
@@ -36,6 +37,8 @@ class ServerLimits:
     max_req_input_len: int
     vocab_size: int
     dp_size: int = 1  # data_parallel_rank must be in [0, dp_size)
+    # what a request gets for the sampling parameters it leaves unset (--generation-config)
+    sampling_defaults: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
 class Prompt(NamedTuple):
@@ -145,7 +148,7 @@ def build_inputs(
     check_dp_rank(options.data_parallel_rank, limits.dp_size)
     out: list[GenerateInput] = []
     for prompt, raw in zip(prompts, raw_params, strict=True):
-        params = parse_params(raw, limits.vocab_size)
+        params = parse_params({**limits.sampling_defaults, **raw}, limits.vocab_size)
         if params.n > MAX_N:  # each sample is a request of its own: bound the fan-out
             raise InvalidRequest(f"n: must be <= {MAX_N}, got {params.n}")
         if any(not 0 <= t < limits.vocab_size for t in prompt.input_ids):

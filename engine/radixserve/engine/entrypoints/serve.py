@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 from collections.abc import AsyncIterator, Callable
+from types import MappingProxyType
 from typing import Any
 
 import uvicorn
@@ -33,8 +34,10 @@ from radixserve.engine.entrypoints.server_state import ServerState
 from radixserve.engine.managers.metrics import EngineMetrics
 from radixserve.engine.managers.request_log import RequestLogOptions
 from radixserve.engine.managers.tokenizer_manager import TokenizerManager
-from radixserve.engine.model_loader import load_model_files, resolve_model
+from radixserve.engine.model_loader import ModelSource, load_model_files, resolve_model
+from radixserve.engine.model_loader.generation_defaults import sampling_defaults
 from radixserve.engine.model_loader.loader import load_tokenizer
+from radixserve.engine.sampling import SamplingParams
 from radixserve.logging_setup import status_line
 
 logger = logging.getLogger(__name__)
@@ -58,6 +61,19 @@ def _model_info(
     }
 
 
+def _sampling_defaults(args: ServerArgs, source: ModelSource, vocab_size: int) -> dict[str, Any]:
+    """--generation-config's defaults, checked as a request's would be (a bad file fails the
+    start-up naming the flag, not every request)."""
+    defaults = sampling_defaults(args.generation_config, source)
+    try:
+        SamplingParams.from_dict(defaults).verify(vocab_size)
+    except ValueError as exc:
+        raise ValueError(f"generation_config: {exc}") from None
+    if defaults:
+        status_line(f"radixserve: sampling defaults for unset request fields: {defaults}")
+    return defaults
+
+
 def build_state(
     args: ServerArgs,
     children: ChildProcesses,
@@ -67,9 +83,11 @@ def build_state(
     files = load_model_files(source, args.resolved_dtype)
     tokenizer = load_tokenizer(source)
     info = children.scheduler_info
+    defaults = _sampling_defaults(args, source, files.config.vocab_size)
     limits = ServerLimits(
-        info["context_len"], info["max_req_input_len"], files.config.vocab_size, args.dp_size
-    )
+        info["context_len"], info["max_req_input_len"], files.config.vocab_size, args.dp_size,
+        MappingProxyType(defaults),
+    )  # fmt: skip
     metrics = EngineMetrics(args.model_name)
     request_log = RequestLogOptions(args.log_requests, args.log_requests_text)
     tm = TokenizerManager(
@@ -81,7 +99,7 @@ def build_state(
         dp_size=args.dp_size,
         load_balance_method=args.load_balance_method,
     )
-    model_info = _model_info(args, tokenizer, info, files)
+    model_info = _model_info(args, tokenizer, info, files) | {"sampling_defaults": defaults}
     return ServerState(args, tokenizer, tm, children, metrics, model_info, limits)
 
 
