@@ -127,7 +127,6 @@ def _ready_banner(args: ServerArgs) -> str:
     url = f"http://{args.host}:{args.port}"
     return (
         f"radixserve: serving {args.model_name} on {url}\n"
-        f"  settings: {args.effective_settings()}\n"
         f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
         f'    -d \'{{"model": "{args.model_name}", "messages": '
         f'[{{"role": "user", "content": "Hello!"}}]}}\'\n'
@@ -166,6 +165,7 @@ def make_lifespan(state: ServerState) -> Any:
 
 def serve(args: ServerArgs) -> int:
     status_line(f"radixserve: loading {args.model_path} …")
+    status_line(f"radixserve: settings: {args.effective_settings()}")
     children = launch_subprocesses(args)
     try:
         state = build_state(
