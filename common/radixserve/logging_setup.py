@@ -14,13 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import uuid
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
 from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # The id of the HTTP request being served (X-Request-ID), set by the server's request
@@ -155,3 +157,39 @@ def add_logging_args(parser: argparse.ArgumentParser) -> None:
         help="text: key=value lines; json: one JSON object per line (stderr)",
     )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=argparse.SUPPRESS)
+
+
+# ---- progress bars ------------------------------------------------------------------------------
+
+NO_PROGRESS_ENV = "TQDM_DISABLE"  # tqdm's own switch; `radixserve --no-progress` sets it
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(total: int | None, desc: str, unit: str = "it") -> Any:
+    """A tqdm bar on stderr (`update()`, `close()`). Off when stderr is not a terminal (logs,
+    pipes, CI), with `--no-progress` / $TQDM_DISABLE=1, or where tqdm is not installed (the
+    router's slim install)."""
+    try:
+        from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs installed; used untyped
+    except ImportError:
+        return _NoBar()
+    off = not sys.stderr.isatty() or os.environ.get(NO_PROGRESS_ENV, "") not in ("", "0")
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, disable=off)
+
+
+def iter_progress(items: Iterable[T], desc: str, unit: str = "it") -> Iterator[T]:
+    """`items`, ticking a progress bar (see `progress_bar`) per item."""
+    bar = progress_bar(None, desc, unit)
+    try:
+        for item in items:
+            yield item
+            bar.update()
+    finally:
+        bar.close()

@@ -4,13 +4,22 @@ only when asked."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import sys
 
 import pytest
 
 from radixserve.engine.managers.request_log import FinishedRequest, RequestLogOptions, log_finished
-from radixserve.logging_setup import REQUEST_ID, JsonFormatter, TextFormatter, configure_logging
+from radixserve.logging_setup import (
+    NO_PROGRESS_ENV,
+    REQUEST_ID,
+    JsonFormatter,
+    TextFormatter,
+    configure_logging,
+    iter_progress,
+)
 
 
 def _record(msg: str, **extra: object) -> logging.LogRecord:
@@ -23,8 +32,6 @@ def test_json_is_one_line_with_extras_and_tracebacks() -> None:
     try:
         raise ValueError("bad\nvalue")
     except ValueError:
-        import sys
-
         record = _record("two\nlines", tokens=3)
         record.exc_info = sys.exc_info()
     line = JsonFormatter("serve").format(record)
@@ -61,3 +68,24 @@ def test_request_lines_hold_text_only_when_asked(
     assert (record.request_id, record.rid, record.finish_reason) == ("h1", "r1", "stop")
     assert hasattr(record, "prompt_text") is with_text
     assert ("secret prompt" in JsonFormatter().format(record)) is with_text
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("tty", "disabled", "shown"), [(True, False, True), (False, False, False), (True, True, False)]
+)
+def test_progress_bars_only_on_a_terminal_and_not_with_no_progress(
+    tty: bool, disabled: bool, shown: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    err = _Terminal() if tty else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    if disabled:
+        monkeypatch.setenv(NO_PROGRESS_ENV, "1")
+    else:
+        monkeypatch.delenv(NO_PROGRESS_ENV, raising=False)
+    assert list(iter_progress(range(5), "loading weights", "tensor")) == list(range(5))
+    assert ("loading weights" in err.getvalue()) is shown

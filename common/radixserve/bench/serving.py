@@ -29,6 +29,7 @@ from radixserve.bench.datasets import (
     random_requests,
 )
 from radixserve.bench.report import print_table, write_json
+from radixserve.logging_setup import progress_bar
 
 
 @dataclass(slots=True)
@@ -186,7 +187,7 @@ async def run_benchmark(
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     limit = asyncio.Semaphore(args.max_concurrency or len(reqs))
     rng = random.Random(args.seed)
-    done = 0
+    bar = progress_bar(len(reqs), "bench serving", "req")  # stderr, only on a terminal
 
     async with httpx.AsyncClient(
         timeout=httpx.Timeout(600.0), headers=headers, limits=httpx.Limits(max_connections=None)
@@ -194,15 +195,12 @@ async def run_benchmark(
         model = await _model_name(client, args) if args.backend == "openai" else ""
 
         async def guarded(req: BenchRequest) -> RequestResult:
-            nonlocal done
             async with limit:
                 if args.backend == "openai":
                     out = await send_one_openai(client, args.base_url, req, model)
                 else:
                     out = await send_one(client, args.base_url, req)
-            done += 1
-            if done % max(len(reqs) // 10, 1) == 0:
-                print(f"[bench] {done}/{len(reqs)} requests done", file=sys.stderr, flush=True)
+            bar.update()
             return out
 
         start = time.perf_counter()
@@ -212,6 +210,7 @@ async def run_benchmark(
             if args.request_rate != float("inf"):
                 await asyncio.sleep(rng.expovariate(args.request_rate))
         results = await asyncio.gather(*tasks)
+        bar.close()
         return list(results), time.perf_counter() - start
 
 

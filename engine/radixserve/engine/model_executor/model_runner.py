@@ -27,6 +27,7 @@ from radixserve.engine.model_executor.forward_batch import ForwardBatch
 from radixserve.engine.model_loader.loader import LoadedModelFiles
 from radixserve.engine.models import get_model_class
 from radixserve.engine.models.base import CausalLM
+from radixserve.logging_setup import iter_progress
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +130,10 @@ class ModelRunner:
         with torch.device(self.device):
             # Single process: the constructor every architecture has (config only).
             model = cls(files.config, groups=self.groups) if tp else cls(files.config)
-        model.load_weights(files.sharded_weights() if tp else files.weights())
+        weights = files.sharded_weights() if tp else files.weights()
+        if self.groups.tp.rank == 0:  # one bar per replica
+            weights = iter_progress(weights, "loading weights", "tensor")
+        model.load_weights(weights)
         model.to(dtype=files.config.dtype)
         # Rotary tables stay float32 whatever the model dtype: they are cast per use.
         for name, buf in model.named_buffers():
