@@ -72,6 +72,13 @@ def add_serving_parser(sub: Any) -> None:
     p.add_argument("--gsp-system-prompt-len", type=int, default=512)
     p.add_argument("--gsp-question-len", type=int, default=32)
     p.add_argument("--gsp-output-len", type=int, default=32)
+    p.add_argument(
+        "--gsp-question-seed",
+        type=int,
+        default=None,
+        help="redraw the questions from this seed, keeping the system prompts (a warm pass "
+        "over the cached prefix with new suffixes)",
+    )
     p.add_argument("--request-rate", type=float, default=float("inf"))
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--vocab-size", type=int, default=49152)
@@ -92,7 +99,19 @@ def build_requests(args: argparse.Namespace) -> list[BenchRequest]:
             args.seed,
         )
     gsp = gsp_from_args(args, args.vocab_size, args.seed)
-    return generated_shared_prefix(gsp)
+    reqs = generated_shared_prefix(gsp)
+    if args.gsp_question_seed is None:
+        return reqs
+    rng = random.Random(args.gsp_question_seed)
+    n = args.gsp_question_len
+    return [
+        BenchRequest(
+            r.input_ids[:-n] + [rng.randrange(args.vocab_size) for _ in range(n)],
+            r.output_len,
+            r.group,
+        )
+        for r in reqs
+    ]
 
 
 async def send_one(
