@@ -7,6 +7,7 @@ name the field, then passed down; lower layers receive only the slices they need
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from radixserve.engine.configs.cpu_features import cpu_has_bf16
@@ -69,6 +70,9 @@ class ServerArgs:
     log_format: str = "text"  # text | json (one JSON object per line)
     log_requests: bool = False  # one INFO line per finished request (ids, tokens, latencies)
     log_requests_text: bool = False  # ... with the prompt and output text (off: no user text)
+    # sampling defaults for unset request fields: auto (the model's generation_config.json),
+    # vllm (none: the engine's own), or a path (model_loader.generation_defaults)
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         _check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
@@ -121,6 +125,11 @@ class ServerArgs:
         )
         parse_event_format(self.kv_events_format, "kv_events_format")
         _check(self.log_format in LOG_FORMATS, "log_format", f"must be one of {LOG_FORMATS}")
+        _check(
+            self.generation_config in ("auto", "vllm") or Path(self.generation_config).exists(),
+            "generation_config",
+            f"must be auto, vllm or an existing path, got {self.generation_config!r}",
+        )
         self._check_parallelism()
         chunk = self.chunked_prefill_size
         _check(
