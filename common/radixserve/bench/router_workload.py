@@ -24,6 +24,8 @@ from typing import Literal
 
 import httpx
 
+from radixserve.logging_setup import progress_bar
+
 ORDERS = ("interleaved", "random", "bursty")
 Order = Literal["interleaved", "random", "bursty"]
 PromptForm = Literal["text", "ids"]
@@ -135,11 +137,14 @@ async def run_traffic(
 ) -> tuple[list[TenantResult], float]:
     """Send `reqs` in order with at most `concurrency` in flight; results and seconds taken."""
     limit = asyncio.Semaphore(concurrency)
+    bar = progress_bar(len(reqs), "bench router", "req")  # stderr, only on a terminal
     async with httpx.AsyncClient(timeout=httpx.Timeout(900.0)) as client:
 
         async def one(req: TenantRequest) -> TenantResult:
             async with limit:
-                return await _send(client, url, req, pinned)
+                res = await _send(client, url, req, pinned)
+            bar.update()
+            return res
 
         start = time.perf_counter()
         tasks = []
@@ -147,6 +152,7 @@ async def run_traffic(
             tasks.append(asyncio.ensure_future(one(req)))
             await asyncio.sleep(0)
         results = await asyncio.gather(*tasks)
+        bar.close()
         return list(results), time.perf_counter() - start
 
 
