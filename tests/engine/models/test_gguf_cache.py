@@ -23,9 +23,7 @@ CHAT = [
 
 
 @pytest.fixture(scope="module")
-def converted(
-    smollm_source: Any, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Any, Path]:
+def converted(smollm_source: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     from radixserve.engine.model_loader import gguf_cache
 
     root = tmp_path_factory.mktemp("gguf-cache")
@@ -93,3 +91,24 @@ def test_an_unwritable_or_disabled_cache_reads_the_gguf(
     monkeypatch.setenv("RADIXSERVE_GGUF_CACHE", "0")
     assert converted_folder(gguf) is None
     assert not (tmp_path / "fine").exists()
+
+
+def test_a_folder_without_weights_reads_them_from_the_gguf(
+    converted: tuple[Any, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model over MAX_CACHED_WEIGHT_BYTES caches config and tokenizer only."""
+    import shutil
+
+    from radixserve.engine.model_loader import load_model_files
+
+    source, folder = converted
+    light = tmp_path / "gguf" / folder.name
+    shutil.copytree(folder, light, ignore=shutil.ignore_patterns("*.safetensors"))
+    monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path))
+    files = load_model_files(source, "float32")
+    assert files.hf_config["vocab_size"] == 49152
+    name, tensor = next(iter(files.weights()))
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        assert torch.equal(f.get_tensor(name), tensor)

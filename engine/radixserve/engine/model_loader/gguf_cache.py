@@ -4,9 +4,10 @@ Parsing a GGUF is slow in Python: `gguf.GGUFReader` walks every metadata element
 49k-token vocabulary and its merges are ~440k fields), and transformers parses the file again
 to build the tokenizer. One server start loaded SmolLM2's GGUF seven times this way (config
 twice in the main process, tokenizer in each of three processes, config and weights in the
-scheduler), and that was most of the start-up time. The converted folder holds `config.json`, the
-tokenizer as transformers saves it, and the dequantized float32 weights as safetensors, so
-a load reads files that open in milliseconds and tensors by memory map.
+scheduler), and that was most of the start-up time. The converted folder holds
+`config.json`, the tokenizer as transformers saves it, and (for models up to
+MAX_CACHED_WEIGHT_BYTES) the dequantized float32 weights as safetensors, so a load reads
+files that open in milliseconds and tensors by memory map.
 
 The folder is keyed by the GGUF's resolved path, size and mtime, plus a format version: a
 changed file gets a new folder. Conversion runs under a file lock, so processes starting
@@ -34,6 +35,10 @@ logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 COMPLETE_MARKER = "radixserve-gguf.json"
+# Dequantized float32 weights are 4-8x the GGUF's size: cached up to this (SmolLM2-135M takes
+# 0.54 GB); a larger model's folder holds config and tokenizer only, its weights come from
+# the GGUF (whose metadata the reader then parses once per process again).
+MAX_CACHED_WEIGHT_BYTES = 4 << 30
 
 
 def cache_root() -> Path:
@@ -84,15 +89,20 @@ def _convert(gguf_path: Path, folder: Path) -> None:
     logger.info("converting %s once into %s", gguf_path.name, folder)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
-        config = gguf_files.read_gguf_config(gguf_path)
+        reader = gguf_files.open_reader(gguf_path)
+        config = gguf_files.read_gguf_config(gguf_path, reader)
         (tmp / "config.json").write_text(json.dumps(config, indent=1))
-        tokenizer = AutoTokenizer.from_pretrained(
-            str(gguf_path.parent), gguf_file=gguf_path.name
-        )
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         tokenizer.save_pretrained(str(tmp))
-        tensors = dict(gguf_files.iter_gguf_tensors(gguf_path, config))
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        marker = {"source": str(gguf_path.resolve()), "format_version": FORMAT_VERSION}
+        with_weights = gguf_files.dequantized_bytes(reader) <= MAX_CACHED_WEIGHT_BYTES
+        if with_weights:
+            tensors = dict(gguf_files.iter_gguf_tensors(gguf_path, config, reader))
+            save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        marker = {
+            "source": str(gguf_path.resolve()),
+            "format_version": FORMAT_VERSION,
+            "weights": with_weights,
+        }
         (tmp / COMPLETE_MARKER).write_text(json.dumps(marker))
         tmp.chmod(0o755)  # mkdtemp makes it private; a shared cache is read by other users
         if folder.exists():  # a partial folder from an older crash: never marked complete

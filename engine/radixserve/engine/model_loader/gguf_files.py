@@ -42,7 +42,9 @@ _GLOBAL_NAMES = {
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-def _reader(path: Path) -> Any:
+def open_reader(path: Path) -> Any:
+    """A `gguf.GGUFReader` (slow to build: it parses all metadata); pass it to the readers
+    below to parse a file once."""
     import gguf  # optional dependency of the engine extra
 
     return gguf.GGUFReader(str(path))
@@ -53,9 +55,9 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
     return default if f is None else f.contents()
 
 
-def read_gguf_config(path: Path) -> dict[str, Any]:
+def read_gguf_config(path: Path, reader: Any = None) -> dict[str, Any]:
     """Architecture metadata → a dict shaped like a HuggingFace config.json."""
-    reader = _reader(path)
+    reader = reader if reader is not None else open_reader(path)
     arch = _field(reader, "general.architecture")
     if arch not in _ARCHITECTURES:
         raise ValueError(
@@ -101,11 +103,18 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
 
 
-def iter_gguf_tensors(path: Path, config: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+def dequantized_bytes(reader: Any) -> int:
+    """What every tensor of the file takes once dequantized to float32."""
+    return sum(4 * int(np.prod(t.shape)) for t in reader.tensors)
+
+
+def iter_gguf_tensors(
+    path: Path, config: dict[str, Any], reader: Any = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, float32 tensor) for every tensor we know, dequantized."""
     from gguf.quants import dequantize
 
-    reader = _reader(path)
+    reader = reader if reader is not None else open_reader(path)
     is_llama = config["architectures"][0] == "LlamaForCausalLM"
     for t in reader.tensors:
         name = _hf_name(t.name)

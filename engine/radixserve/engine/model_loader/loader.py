@@ -32,26 +32,33 @@ class LoadedModelFiles:
 
 
 def load_model_files(source: ModelSource, dtype: str | torch.dtype) -> LoadedModelFiles:
-    converted = gguf_cache.converted_folder(source.path) if source.kind == "gguf" else None
-    folder = converted or source.path
-    if source.kind == "gguf" and converted is None:
+    # A GGUF goes through its converted folder when the cache has one (config and tokenizer
+    # always, weights when small enough), else straight to the file.
+    folder = gguf_cache.converted_folder(source.path) if source.kind == "gguf" else source.path
+    if folder is not None:
+        hf_config = hf_files.read_hf_config(folder)
+        eos = hf_files.read_eos_token_ids(folder, hf_config)
+    else:
         hf_config = gguf_files.read_gguf_config(source.path)
         eos = hf_files.read_eos_token_ids(None, hf_config)
+
+    weights: Callable[[], WeightIterator]
+    sharded: Callable[[], Iterator[tuple[str, Weight]]]
+    if folder is not None and any(folder.glob("*.safetensors")):
+        safetensors_folder = folder
+
+        def weights() -> WeightIterator:
+            return hf_files.iter_safetensors(safetensors_folder)
+
+        def sharded() -> Iterator[tuple[str, Weight]]:
+            return hf_files.iter_safetensors_lazy(safetensors_folder)
+
+    else:
 
         def weights() -> WeightIterator:
             return gguf_files.iter_gguf_tensors(source.path, hf_config)
 
-        sharded: Callable[[], Iterator[tuple[str, Weight]]] = weights
-
-    else:
-        hf_config = hf_files.read_hf_config(folder)
-        eos = hf_files.read_eos_token_ids(folder, hf_config)
-
-        def weights() -> WeightIterator:
-            return hf_files.iter_safetensors(folder)
-
-        def sharded() -> Iterator[tuple[str, Weight]]:
-            return hf_files.iter_safetensors_lazy(folder)
+        sharded = weights
 
     config = ModelConfig.from_hf_dict(hf_config, dtype=dtype, eos_token_ids=eos)
     return LoadedModelFiles(
