@@ -40,9 +40,19 @@ class DecodeRows:
 
 
 @dataclass(frozen=True, slots=True)
+class ExtendRow:
+    """One multi-token request of an extend-like batch, with what every layer reuses."""
+
+    q_start: int
+    extend: int
+    slots: torch.Tensor  # [prefix + extend] int64 KV slots
+    mask: torch.Tensor | None  # [extend, prefix + extend] bool; None: causal from position 0
+
+
+@dataclass(frozen=True, slots=True)
 class ForwardMetadata:
     decode: DecodeRows | None
-    extend_reqs: tuple[tuple[int, int, int, int], ...]  # (row, q_start, prefix, extend)
+    extend_reqs: tuple[ExtendRow, ...]
 
 
 def _decode_rows(fb: ForwardBatch, rows: list[int], token_index: list[int]) -> DecodeRows:
@@ -64,13 +74,22 @@ def _decode_rows(fb: ForwardBatch, rows: list[int], token_index: list[int]) -> D
     )
 
 
+def _extend_row(slots: torch.Tensor, start: int, prefix: int, ext: int) -> ExtendRow:
+    mask = None
+    if prefix > 0:
+        # Query j sits at absolute position prefix + j and sees keys 0..prefix + j.
+        mask = torch.ones(ext, prefix + ext, dtype=torch.bool, device=slots.device).tril(prefix)
+    return ExtendRow(start, ext, slots.long(), mask)
+
+
 def build_metadata(fb: ForwardBatch) -> ForwardMetadata:
     if fb.forward_mode.is_decode():
         rows = list(range(fb.batch_size))
         return ForwardMetadata(_decode_rows(fb, rows, rows), ())
     singles: list[int] = []
     single_tokens: list[int] = []
-    extends: list[tuple[int, int, int, int]] = []
+    extends: list[ExtendRow] = []
+    rows = fb.req_kv_rows(max(fb.seq_lens_cpu))
     start = 0
     for i, (prefix, ext) in enumerate(
         zip(fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu, strict=True)
@@ -79,7 +98,7 @@ def build_metadata(fb: ForwardBatch) -> ForwardMetadata:
             singles.append(i)
             single_tokens.append(start)
         elif ext > 0:
-            extends.append((i, start, prefix, ext))
+            extends.append(_extend_row(rows[i, : prefix + ext], start, prefix, ext))
         start += ext
     decode = _decode_rows(fb, singles, single_tokens) if singles else None
     return ForwardMetadata(decode, tuple(extends))
@@ -135,13 +154,9 @@ class GroupedAttnBackend(AttentionBackend):
         if meta.decode is not None:
             dq = q.index_select(0, meta.decode.token_index)
             out[meta.decode.token_index] = _grouped_decode(dq, k_cache, v_cache, layer, meta.decode)
-        if meta.extend_reqs:
-            rows = fb.req_kv_rows(max(fb.seq_lens_cpu))
-            for row, start, prefix, ext in meta.extend_reqs:
-                slots = rows[row, : prefix + ext]
-                out[start : start + ext] = _extend_one(
-                    q[start : start + ext], k_cache, v_cache, slots, prefix, layer
-                )
+        for req in meta.extend_reqs:
+            end = req.q_start + req.extend
+            out[req.q_start : end] = _extend_one(q[req.q_start : end], k_cache, v_cache, req, layer)
         return out.view(-1, layer.num_heads * layer.head_dim)
 
 
@@ -169,24 +184,20 @@ def _extend_one(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    slots: torch.Tensor,
-    prefix: int,
+    req: ExtendRow,
     layer: RadixAttention,
 ) -> torch.Tensor:
     """One request's new queries [ext, Hq, D] over its prefix + new keys → [ext, Hq, D]."""
-    ext = q.shape[0]
-    idx = slots.long()
-    ki = k_cache.index_select(0, idx).transpose(0, 1).unsqueeze(0).to(q.dtype)
-    vi = v_cache.index_select(0, idx).transpose(0, 1).unsqueeze(0).to(q.dtype)
+    ki = k_cache.index_select(0, req.slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
+    vi = v_cache.index_select(0, req.slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
     qi = q.transpose(0, 1).unsqueeze(0)
-    if prefix == 0:
-        o = F.scaled_dot_product_attention(
-            qi, ki, vi, is_causal=True, scale=layer.scaling, enable_gqa=True
-        )
-    else:
-        # Query j sits at absolute position prefix + j and sees keys 0..prefix + j.
-        mask = torch.ones(ext, prefix + ext, dtype=torch.bool, device=q.device).tril(prefix)
-        o = F.scaled_dot_product_attention(
-            qi, ki, vi, attn_mask=mask, scale=layer.scaling, enable_gqa=True
-        )
+    o = F.scaled_dot_product_attention(
+        qi,
+        ki,
+        vi,
+        attn_mask=req.mask,
+        is_causal=req.mask is None,
+        scale=layer.scaling,
+        enable_gqa=True,
+    )
     return o[0].transpose(0, 1)
