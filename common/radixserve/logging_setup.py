@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
 from contextvars import ContextVar
@@ -176,12 +177,17 @@ def progress_bar(total: int | None, desc: str, unit: str = "it") -> Any:
     """A tqdm bar on stderr (`update()`, `close()`). Off when stderr is not a terminal (logs,
     pipes, CI), with `--no-progress` / $TQDM_DISABLE=1, or where tqdm is not installed (the
     router's slim install)."""
+    if not sys.stderr.isatty() or os.environ.get(NO_PROGRESS_ENV, "") not in ("", "0"):
+        return _NoBar()
     try:
         from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs installed; used untyped
     except ImportError:
         return _NoBar()
-    off = not sys.stderr.isatty() or os.environ.get(NO_PROGRESS_ENV, "") not in ("", "0")
-    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, disable=off)
+    # tqdm's default lock is a multiprocessing RLock: a semaphore that the resource tracker
+    # reports as leaked when a child process is stopped. Our bars need only a thread lock.
+    if not hasattr(tqdm, "_lock"):
+        tqdm.set_lock(threading.RLock())
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False)
 
 
 def iter_progress(items: Iterable[T], desc: str, unit: str = "it") -> Iterator[T]:
