@@ -89,7 +89,7 @@ def build_metadata(fb: ForwardBatch) -> ForwardMetadata:
     singles: list[int] = []
     single_tokens: list[int] = []
     extends: list[ExtendRow] = []
-    rows = fb.req_kv_rows(max(fb.seq_lens_cpu))
+    kv_rows = fb.req_kv_rows(max(fb.seq_lens_cpu))
     start = 0
     for i, (prefix, ext) in enumerate(
         zip(fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu, strict=True)
@@ -98,7 +98,7 @@ def build_metadata(fb: ForwardBatch) -> ForwardMetadata:
             singles.append(i)
             single_tokens.append(start)
         elif ext > 0:
-            extends.append(_extend_row(rows[i, : prefix + ext], start, prefix, ext))
+            extends.append(_extend_row(kv_rows[i, : prefix + ext], start, prefix, ext))
         start += ext
     decode = _decode_rows(fb, singles, single_tokens) if singles else None
     return ForwardMetadata(decode, tuple(extends))
