@@ -162,11 +162,11 @@ _FIELDS = MappingProxyType({
 def _event(raw: Any) -> dict[str, Any]:
     """One event, array or map, as the map our structs decode (known fields, int hashes)."""
     if isinstance(raw, list):
-        if not raw or raw[0] not in _FIELDS:
+        if not raw or not isinstance(raw[0], str) or raw[0] not in _FIELDS:
             raise msgspec.ValidationError(f"event: unknown array event {raw[:1]!r}")
         fields = dict(zip(_FIELDS[raw[0]], raw[1:], strict=False))
         fields["type"] = raw[0]
-    elif isinstance(raw, dict) and raw.get("type") in _FIELDS:
+    elif isinstance(raw, dict) and isinstance(raw.get("type"), str) and raw["type"] in _FIELDS:
         fields = {k: raw[k] for k in ("type", *_FIELDS[raw["type"]]) if k in raw}
     else:
         raise msgspec.ValidationError(f"event: expected a tagged array or map, got {raw!r:.80}")
