@@ -68,3 +68,30 @@ def test_engine_survives_fuzzing(tiny_server: LiveServer) -> None:
 
 def test_router_survives_fuzzing(tiny_server: LiveServer, tiny_router: Router) -> None:
     _fuzz_and_check(tiny_router.url, ROUTER_PATHS)
+
+
+# ---- limits: each bound is a 400 naming its field (the same tiny server) ----------------------
+
+MAX_NEW, TOP = "max_new_tokens", "top_logprobs"
+USER = [{"role": "user", "content": "t5"}]
+LIMIT_CASES = [
+    ("/generate", {"input_ids": [5] * 300}, "input_ids"),  # beyond the 256-token context
+    ("/generate", {"input_ids": [5], "sampling_params": {"max_new_tokens": 10**6}}, MAX_NEW),
+    ("/generate", {"input_ids": [5], "sampling_params": {"n": 129}}, "n"),
+    ("/generate", {"input_ids": [5], "top_logprobs_num": 10**6}, "top_logprobs_num"),
+    ("/v1/completions", {"prompt": [5] * 300}, "input_ids"),
+    ("/v1/completions", {"prompt": [5], "max_tokens": 10**6}, "max_tokens"),
+    ("/v1/completions", {"prompt": [5], "n": 129}, "n"),
+    ("/v1/completions", {"prompt": [5], "logprobs": 21}, "logprobs"),
+    ("/v1/chat/completions", {"messages": USER, "top_logprobs": 21, "logprobs": True}, TOP),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t5 " * 300}]}, "input_ids"),
+]  # fmt: skip
+
+
+def test_limits_are_400s_naming_the_field(tiny_server: LiveServer, tiny_router: Router) -> None:
+    for base in (tiny_server.base_url, tiny_router.url):
+        for path, body, field in LIMIT_CASES:
+            resp = httpx.post(base + path, json=body, timeout=60)
+            assert resp.status_code == 400, (base, path, body, resp.text)
+            message = resp.json()["message"]
+            assert message.split(":", 1)[0].split(".")[0] == field, (path, message)
