@@ -3,8 +3,8 @@ the single-process run: Qwen2-MoE (8 experts, top-2, a shared expert; both layer
 tp=2 with experts replicated, and at tp=2/ep=2 (4 experts per rank) with each dispatch mode
 (none: all-reduce of the ranks' shares; all_to_all: tokens sent to their experts' owners).
 Each layout is the multi-process `Engine` (one scheduler process per rank, gloo) on the
-16-prompt chunked, cache-hitting batch of test_tp_generate; the reference is the in-process
-`EngineCore`, computed once."""
+16-prompt chunked, cache-hitting, retracting batch of test_tp_generate (see its POOL); the
+reference is the in-process `EngineCore`, computed once."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.engine.distributed.test_tp_generate import ARGS, PARAMS, prompts
+from tests.engine.distributed.test_tp_generate import ARGS, PARAMS, prompts, retractions
 from tests.engine.models.tiny import save_tiny
 
 LAYOUTS = [
@@ -21,7 +21,7 @@ LAYOUTS = [
     ("qwen2_moe", 2, 2, "none"),
     ("qwen2_moe", 2, 2, "all_to_all"),
 ]
-FLOAT32 = {"dtype": "float32", **ARGS}  # explicit: defaults may change under other work
+FLOAT32 = ARGS  # float32 and the chunk size explicit: CPU defaults differ (bf16, 1024)
 
 
 def _ids(outs: Any) -> list[list[int]]:
@@ -40,6 +40,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path,
         core = EngineCore(model_path=str(folder), **FLOAT32)
         want = core.generate(input_ids=prompts(), sampling_params=PARAMS)
         core.shutdown()
+        assert retractions(want) > 0  # the batch outgrows the pool
         out[kind] = (folder, _ids(want))
     return out
 

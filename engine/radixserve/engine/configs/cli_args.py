@@ -27,6 +27,11 @@ _HELP: Mapping[str, str] = MappingProxyType(
         "enable_kv_events": "record radix-tree KV events (implied by --kv-events-port, needs it)",
         "kv_events_port": "publish radix-tree KV events on this port (replay on port + 1)",
         "kv_events_format": "KV-event encoding: map (SGLang 0.5.23 / vLLM 0.32) or array (0.5.6)",
+        "tp_size": "tensor-parallel ranks (one scheduler process each)",
+        "dp_size": "data-parallel ranks: independent scheduling groups of tp_size ranks each",
+        "ep_size": "expert-parallel ranks (divides tp_size and the expert count)",
+        "moe_a2a_backend": "EP dispatch: none (all-reduce of local experts) or all_to_all",
+        "load_balance_method": "DP controller: round_robin or shortest_queue (fewest in flight)",
         "api_key": (
             "require 'Authorization: Bearer KEY' on every endpoint but /health "
             f"(default: ${API_KEY_ENV}, which keeps the key out of the command line)"
