@@ -118,9 +118,9 @@ def test_unknown_kwarg_is_rejected_by_name() -> None:
         ({"tp_size": 2, "dp_size": 2, "ep_size": 8}, "ep_size"),
         ({"tp_size": 4, "ep_size": 3}, "ep_size"),  # an EP group is ep_size TP ranks
         ({"tp_size": 2, "ep_size": 2, "moe_a2a_backend": "deepep"}, "moe_a2a_backend"),
-        # valid shapes, but only tp and ep run in this build
-        ({"tp_size": 2, "dp_size": 2}, "dp_size"),
-        ({"tp_size": 2, "enable_dp_attention": True}, "enable_dp_attention"),
+        ({"dp_size": 2, "load_balance_method": "minimum_tokens"}, "load_balance_method"),
+        # a valid shape, but DP attention does not run in this build
+        ({"tp_size": 2, "dp_size": 2, "enable_dp_attention": True}, "enable_dp_attention"),
     ],
 )
 def test_parallelism_is_checked_and_refused_until_implemented(
@@ -134,6 +134,8 @@ def test_tensor_parallelism_is_accepted() -> None:
     assert ServerArgs.from_kwargs(tp_size=4).tp_size == 4
     args = ServerArgs.from_kwargs(tp_size=4, ep_size=2, moe_a2a_backend="all_to_all")
     assert (args.ep_size, args.moe_a2a_backend) == (2, "all_to_all")
+    args = ServerArgs.from_kwargs(tp_size=2, dp_size=2, load_balance_method="shortest_queue")
+    assert (args.dp_size, args.load_balance_method) == (2, "shortest_queue")
 
 
 def test_all_unknown_kwargs_are_listed() -> None:
