@@ -115,6 +115,8 @@ def _check_keys(engine: str, router: str, api_key: str, admin_key: str) -> None:
     assert admin.status_code == 200 and [w["url"] for w in admin.json()["workers"]] == [engine]
     assert httpx.get(router + "/v1/models").status_code == 401
     assert httpx.get(router + "/v1/models", headers=client_auth).status_code == 200
+    for url in (engine, router):  # Prometheus scrapes without a key
+        assert httpx.get(url + "/metrics").status_code == 200
 
 
 def test_secret_keys_work_and_never_reach_a_log(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixserve.router.proxy import error_response
 
-OPEN_PATHS = frozenset({"/health", "/readiness"})
+OPEN_PATHS = frozenset({"/health", "/readiness", "/metrics"})  # probes and Prometheus
 ADMIN_PATHS = ("/workers", "/flush_cache")
 
 

@@ -86,6 +86,7 @@ def test_full_queue_503_then_child_death_and_clean_ctrl_c() -> None:
 def test_api_key_and_ctrl_c_stops_every_process() -> None:
     with live_server("--max-total-tokens", "2048", "--api-key", "sekret") as srv:
         assert httpx.get(srv.base_url + "/health", timeout=10).status_code == 200
+        assert httpx.get(srv.base_url + "/metrics", timeout=10).status_code == 200  # scrapes
         denied = httpx.get(srv.base_url + "/v1/models", timeout=10)
         assert denied.status_code == 401 and denied.json()["object"] == "error"
         ok = httpx.get(

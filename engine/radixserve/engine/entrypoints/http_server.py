@@ -52,7 +52,9 @@ from radixserve.protocol.http_api import ENGINE_BODIES, openapi_with_bodies
 
 logger = logging.getLogger(__name__)
 
-OPEN_PATHS = {"/health"}
+# Probes and Prometheus scrapes carry no key (as vLLM and SGLang leave them); /metrics holds
+# counts and latencies, never request content.
+OPEN_PATHS = {"/health", "/metrics"}
 HEALTH_PARAMS = {"max_new_tokens": 1, "temperature": 0}
 
 
