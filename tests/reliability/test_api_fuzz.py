@@ -46,7 +46,10 @@ def _fuzz_and_check(base_url: str, paths: list[str]) -> None:
 
     with steady_traffic(send) as beside:
         report = fuzz(base_url, paths, cases_per_route())
-    print(f"fuzz {base_url}: {report.total} cases {dict(report.cases)} {dict(report.statuses)}")
+    print(
+        f"fuzz {base_url}: {report.total} cases {dict(report.cases)} {dict(report.statuses)} "
+        f"timeouts={len(report.timeouts)} {report.timeouts[:3]}"
+    )
     assert not report.failures, "\n".join(report.failures[:20])
     assert not beside, beside[:5]
     assert report.total >= len(paths) * 2 * min(cases_per_route(), 10)

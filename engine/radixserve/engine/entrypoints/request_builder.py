@@ -99,6 +99,9 @@ def per_prompt_params(sampling_params: Any, num_prompts: int) -> list[dict[str, 
 
 def parse_params(raw: dict[str, Any], vocab_size: int) -> SamplingParams:
     """SamplingParams from a request's object: types, ranges, then the canonical form."""
+    for key, value in raw.items():  # the scheduler's messages carry int64 at most
+        if _is_id(value) and not -(2**63) <= value < 2**63:
+            raise InvalidRequest(f"{key}: integer out of range, got {value}")
     try:
         params = SamplingParams.from_dict(raw)
         params.verify(vocab_size)  # before normalize, which rewrites temperature 0 → top_k 1
