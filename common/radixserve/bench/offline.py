@@ -17,6 +17,7 @@ from typing import Any
 
 from radixserve.bench.datasets import generated_shared_prefix, gsp_from_args
 from radixserve.bench.report import print_table, write_json
+from radixserve.logging_setup import iter_progress
 
 MODES: Mapping[str, dict[str, bool]] = MappingProxyType(
     {
@@ -99,7 +100,7 @@ def run_offline(args: argparse.Namespace) -> int:
     gsp = gsp_from_args(args, base.model_config.vocab_size)
     reqs = generated_shared_prefix(gsp)
     rows = []
-    for mode in modes:
+    for mode in iter_progress(modes, "bench offline", unit="mode"):
         engine = base.with_args(
             **MODES[mode],
             schedule_policy=args.schedule_policy,

@@ -19,6 +19,7 @@ from collections import defaultdict
 from typing import Any
 
 from radixserve.bench.report import print_table, write_json
+from radixserve.logging_setup import iter_progress
 
 COLUMNS = ("stage", "ms", "attention_ms", "matmul_ms", "lm_head_ms", "sampling_ms", "other_ms")
 
@@ -181,7 +182,7 @@ def run_one_batch(args: argparse.Namespace) -> int:
     reqs["input_ids"] = [t for p in prompts for t in p]
     first = _step(runner, timer, _batch(runner, ForwardMode.EXTEND, reqs), info, "prefill")
     decode_rows, ids = [], first["ids"]
-    for i in range(n_out - 1):
+    for i in iter_progress(range(n_out - 1), "one-batch decode", unit="step"):
         reqs = {"rows": rows, "prefix": [n_in + i] * bs, "extend": [1] * bs, "input_ids": ids}
         out = _step(runner, timer, _batch(runner, ForwardMode.DECODE, reqs), info, "decode")
         decode_rows.append(out["row"])
