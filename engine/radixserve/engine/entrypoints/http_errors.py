@@ -11,20 +11,16 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from radixserve.asgi_errors import InternalErrorMiddleware
 from radixserve.engine.entrypoints.request_builder import InvalidRequest
-from radixserve.logging_setup import REQUEST_ID
 
 logger = logging.getLogger(__name__)
-
-REQUEST_ID_HEADER = "X-Request-ID"
 
 _TYPES = {
     400: "BadRequestError",
@@ -84,44 +80,6 @@ def _describe(exc: RequestValidationError) -> str:
         loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
         parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
     return "; ".join(parts) or "invalid request"
-
-
-class InternalErrorMiddleware:
-    """Pure ASGI (a BaseHTTPMiddleware would hide client disconnects from the routes): tags
-    every request with an id, and turns an exception no handler took into a logged 500."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers") or [])
-        rid = headers.get(REQUEST_ID_HEADER.lower().encode(), b"").decode() or uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = rid
-        REQUEST_ID.set(rid)  # every log record of this request's task carries the id
-        started = False
-
-        async def send_with_id(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                extra = (REQUEST_ID_HEADER.lower().encode(), rid.encode())
-                message["headers"] = [*message.get("headers", []), extra]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_id)
-        except Exception as exc:
-            logger.exception(
-                "internal error in %s %s (request id %s)", scope["method"], scope["path"], rid
-            )
-            if started:  # too late for a status: the connection is cut
-                raise
-            body = error_body(f"internal error: {type(exc).__name__}", 500, request_id=rid)
-            response = JSONResponse(body, status_code=500, headers={REQUEST_ID_HEADER: rid})
-            await response(scope, receive, send)
 
 
 def install_error_handlers(app: FastAPI) -> None:
