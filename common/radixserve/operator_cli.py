@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -47,13 +48,15 @@ def run_operator(args: argparse.Namespace) -> int:
     registry = kopf.OperatorRegistry()
     register(registry, config)
     # standalone: one replica (the chart runs one, Recreate) needs no peering CRD.
-    asyncio.run(
-        kopf.operator(
-            registry=registry,
-            standalone=True,
-            clusterwide=not config.namespaces,
-            namespaces=config.namespaces,
-            liveness_endpoint=args.liveness or None,
+    # Ctrl-C before kopf's own signal handlers are up is a clean stop too, not a traceback.
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(
+            kopf.operator(
+                registry=registry,
+                standalone=True,
+                clusterwide=not config.namespaces,
+                namespaces=config.namespaces,
+                liveness_endpoint=args.liveness or None,
+            )
         )
-    )
     return 0
