@@ -24,6 +24,16 @@ class AttentionBackend(ABC):
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:  # noqa: B027
         """Per-forward precomputation; the default backend needs none."""
 
+    def _write_kv(
+        self, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention, fb: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this forward's new K/V in the pool at `out_cache_loc`; the layer's whole
+        (K, V) buffers, each [pool slots, Hkv, D]."""
+        k = k.view(-1, layer.num_kv_heads, layer.head_dim)
+        v = v.view(-1, layer.num_kv_heads, layer.head_dim)
+        fb.token_to_kv_pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc, k, v)
+        return fb.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+
     def forward(
         self,
         q: torch.Tensor,

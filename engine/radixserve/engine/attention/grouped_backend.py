@@ -116,14 +116,6 @@ class GroupedAttnBackend(AttentionBackend):
             raise RuntimeError("attention: init_forward_metadata must run before the forward")
         return self._meta
 
-    def _write_kv(
-        self, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention, fb: ForwardBatch
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        k = k.view(-1, layer.num_kv_heads, layer.head_dim)
-        v = v.view(-1, layer.num_kv_heads, layer.head_dim)
-        fb.token_to_kv_pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc, k, v)
-        return fb.token_to_kv_pool.get_kv_buffer(layer.layer_id)
-
     def forward_decode(
         self,
         q: torch.Tensor,
