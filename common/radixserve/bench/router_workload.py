@@ -15,7 +15,6 @@ the engines' `meta_info` gives prompt and cached tokens. Runs in the benchmark's
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import re
 import time
@@ -24,6 +23,7 @@ from typing import Literal
 
 import httpx
 
+from radixserve.bench.serving import StreamRefused, sse_chunks
 from radixserve.logging_setup import progress_bar
 
 ORDERS = ("interleaved", "random", "bursty")
@@ -114,19 +114,15 @@ async def _send(
     headers = {SESSION_HEADER: f"tenant-{req.tenant}"} if pinned else None
     res, start = TenantResult(req.tenant), time.perf_counter()
     try:
-        async with client.stream("POST", url + "/generate", json=body, headers=headers) as r:
-            if r.status_code != 200:
-                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
-                return res
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                meta = json.loads(line[6:]).get("meta_info") or {}
-                res.ttft_s = res.ttft_s or time.perf_counter() - start
-                res.prompt_tokens = int(meta.get("prompt_tokens") or res.prompt_tokens)
-                res.cached_tokens = int(meta.get("cached_tokens") or 0)
-                res.ok = int(meta.get("completion_tokens") or 0) > 0
+        async for chunk in sse_chunks(client, url + "/generate", body, headers):
+            meta = chunk.get("meta_info") or {}
+            res.ttft_s = res.ttft_s or time.perf_counter() - start
+            res.prompt_tokens = int(meta.get("prompt_tokens") or res.prompt_tokens)
+            res.cached_tokens = int(meta.get("cached_tokens") or 0)
+            res.ok = int(meta.get("completion_tokens") or 0) > 0
         res.latency_s = time.perf_counter() - start
+    except StreamRefused as exc:
+        res.error = str(exc)
     except httpx.HTTPError as exc:
         res.error = f"{type(exc).__name__}: {exc}"
     return res

@@ -17,6 +17,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,6 +115,23 @@ def build_requests(args: argparse.Namespace) -> list[BenchRequest]:
     ]
 
 
+class StreamRefused(Exception):
+    """The server answered a streamed request with another status than 200."""
+
+
+async def sse_chunks(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: Any = None
+) -> AsyncIterator[dict[str, Any]]:
+    """The JSON of each `data:` event of a streamed POST (`[DONE]` dropped); another status
+    than 200 raises StreamRefused with the status and the start of the body."""
+    async with client.stream("POST", url, json=body, headers=headers) as r:
+        if r.status_code != 200:
+            raise StreamRefused(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield json.loads(line[6:])
+
+
 async def send_one(
     client: httpx.AsyncClient, url: str, req: BenchRequest, headers: dict[str, str] | None = None
 ) -> RequestResult:
@@ -125,25 +143,20 @@ async def send_one(
     res = RequestResult(ok=False, prompt_tokens=len(req.input_ids))
     start = last = time.perf_counter()
     try:
-        async with client.stream("POST", url + "/generate", json=body, headers=headers) as r:
-            if r.status_code != 200:
-                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
-                return res
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                now = time.perf_counter()
-                chunk = json.loads(line[6:])
-                if res.ttft == 0.0:
-                    res.ttft = now - start
-                else:
-                    res.itls.append(now - last)
-                last = now
-                meta = chunk["meta_info"]
-                res.output_tokens = meta["completion_tokens"]
-                res.cached_tokens = meta["cached_tokens"]
+        async for chunk in sse_chunks(client, url + "/generate", body, headers):
+            now = time.perf_counter()
+            if res.ttft == 0.0:
+                res.ttft = now - start
+            else:
+                res.itls.append(now - last)
+            last = now
+            meta = chunk["meta_info"]
+            res.output_tokens = meta["completion_tokens"]
+            res.cached_tokens = meta["cached_tokens"]
         res.latency = time.perf_counter() - start
         res.ok = res.output_tokens > 0
+    except StreamRefused as exc:
+        res.error = str(exc)
     except httpx.HTTPError as exc:
         res.error = f"{type(exc).__name__}: {exc}"
     return res
@@ -165,28 +178,23 @@ async def send_one_openai(
     res = RequestResult(ok=False, prompt_tokens=len(req.input_ids))
     start = last = time.perf_counter()
     try:
-        async with client.stream("POST", url + "/v1/completions", json=body) as r:
-            if r.status_code != 200:
-                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
-                return res
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                now = time.perf_counter()
-                chunk = json.loads(line[6:])
-                if chunk.get("choices") and chunk["choices"][0].get("text"):
-                    if res.ttft == 0.0:
-                        res.ttft = now - start
-                    else:
-                        res.itls.append(now - last)
-                    last = now
-                if chunk.get("usage"):
-                    u = chunk["usage"]
-                    res.output_tokens = int(u.get("completion_tokens") or 0)
-                    details = u.get("prompt_tokens_details") or {}
-                    res.cached_tokens = int(details.get("cached_tokens") or 0)
+        async for chunk in sse_chunks(client, url + "/v1/completions", body):
+            now = time.perf_counter()
+            if chunk.get("choices") and chunk["choices"][0].get("text"):
+                if res.ttft == 0.0:
+                    res.ttft = now - start
+                else:
+                    res.itls.append(now - last)
+                last = now
+            if chunk.get("usage"):
+                u = chunk["usage"]
+                res.output_tokens = int(u.get("completion_tokens") or 0)
+                details = u.get("prompt_tokens_details") or {}
+                res.cached_tokens = int(details.get("cached_tokens") or 0)
         res.latency = time.perf_counter() - start
         res.ok = res.output_tokens > 0
+    except StreamRefused as exc:
+        res.error = str(exc)
     except httpx.HTTPError as exc:
         res.error = f"{type(exc).__name__}: {exc}"
     return res
