@@ -116,10 +116,15 @@ def check_prompt(ids: list[int], max_new_tokens: int, limits: ServerLimits) -> N
     n, ctx = len(ids), limits.context_len
     if n == 0:
         raise InvalidRequest("input_ids: the input is empty.")
-    if n >= ctx or n > limits.max_req_input_len:
+    if n >= ctx:
         raise InvalidRequest(
             f"input_ids: The input ({n} tokens) is longer than the model's context length "
             f"({ctx} tokens)."
+        )
+    if n > limits.max_req_input_len:  # a KV pool smaller than the context is the bound
+        raise InvalidRequest(
+            f"input_ids: The input ({n} tokens) is longer than this server's limit of "
+            f"{limits.max_req_input_len} tokens (its KV pool is smaller than the context)."
         )
     if n + max_new_tokens >= ctx:
         raise InvalidRequest(
