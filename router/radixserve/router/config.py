@@ -18,6 +18,7 @@ from typing import Any
 # Secrets come from the environment (a Kubernetes secretKeyRef), never the command line.
 SECRET_FIELDS = ("api_key", "admin_key", "worker_api_key")
 SECRET_ENV_PREFIX = "RADIXSERVE_ROUTER_"
+ENGINE_APIS = ("auto", "sglang", "vllm")
 POLICIES = ("cache_aware", "cost", "round_robin", "random", "power_of_two", "least_load")
 
 
@@ -26,6 +27,9 @@ class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     worker_urls: tuple[str, ...] = ()
+    # how workers are discovered: "auto" (SGLang's /server_info, else vLLM's endpoints),
+    # "sglang" or "vllm"; one worker's own with a prefix: --worker-urls vllm+http://host:port
+    engine_api: str = "auto"
     policy: str = "cache_aware"
     # cache_aware: route to the longest cached prefix unless the load is imbalanced
     cache_threshold: float = 0.3
@@ -77,6 +81,10 @@ class RouterConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"policy: expected one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.engine_api not in ENGINE_APIS:
+            raise ValueError(
+                f"engine_api: expected one of {', '.join(ENGINE_APIS)}, got {self.engine_api!r}"
+            )
         if not 0.0 <= self.cache_threshold <= 1.0:
             raise ValueError(f"cache_threshold: must be in [0, 1], got {self.cache_threshold}")
         if self.balance_rel_threshold < 1.0:
@@ -104,6 +112,10 @@ _HELP = MappingProxyType(
             "engine replicas, e.g. http://127.0.0.1:30000 (repeatable / space-separated)"
         ),
         "policy": "routing policy",
+        "engine_api": (
+            "how workers describe themselves: auto (SGLang /server_info, else vLLM's /v1/models,"
+            " /kv_event_sources, /metrics), sglang or vllm; per worker: vllm+http://host:port"
+        ),
         "session_header": "request header that pins a session to one replica (sticky sessions)",
         "api_key": "bearer key clients must send (all but /health, /readiness and the admin API)",
         "admin_key": "bearer key that opens GET/POST/DELETE /workers",
@@ -131,6 +143,8 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, nargs="*", default=[], help=help_text)
         elif f.name == "policy":
             parser.add_argument(flag, default=f.default, choices=POLICIES, help=help_text)
+        elif f.name == "engine_api":
+            parser.add_argument(flag, default=f.default, choices=ENGINE_APIS, help=help_text)
         else:
             kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
             if f.name in SECRET_FIELDS:

@@ -37,6 +37,7 @@ class TokenizerSource:
         self.tokenizer = RouterTokenizer.from_file(path) if path else None
         self._lock = asyncio.Lock()
         self._next_try = 0.0
+        self._last_error: str | None = None  # logged once per change (vLLM has no tokenizer route)
 
     async def get(self, registry: WorkerRegistry) -> RouterTokenizer | None:
         if self.tokenizer is not None:
@@ -52,7 +53,14 @@ class TokenizerSource:
                     logger.info("tokenizer loaded from=%s", worker.url)
                     return self.tokenizer
                 except (httpx.HTTPError, ValueError, KeyError) as exc:
-                    logger.warning("tokenizer fetch failed from=%s error=%r", worker.url, exc)
+                    error = f"from={worker.url} error={exc!r}"
+                    if error != self._last_error:  # e.g. vLLM: no /get_tokenizer, every try
+                        self._last_error = error
+                        logger.warning(
+                            "tokenizer fetch failed %s (routing by prefix needs "
+                            "--tokenizer-path for engines without /get_tokenizer)",
+                            error,
+                        )
             self._next_try = time.monotonic() + 1.0  # do not hammer workers on every request
         return None
 

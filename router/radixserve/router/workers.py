@@ -1,7 +1,9 @@
 """The router's view of its engine replicas: registration, health, load, circuit breakers.
 
 A worker is added by URL (static list, admin API or Kubernetes discovery) and stays *pending*
-until its `/server_info` answers: that gives its page size, DP size and KV-event endpoints.
+until its engine's API says what it is (`engine_api`: SGLang's `/server_info`, or vLLM's
+`/v1/models` + `/kv_event_sources` + `/metrics`): page size, DP size and KV-event endpoints.
+Why a worker is not usable yet is logged once per change of reason.
 Only a healthy worker has targets in the cache index; when it turns unhealthy its mirrors
 are dropped, and they are rebuilt from a replay when it comes back (a restarted engine starts
 again at seq 0 with AllBlocksCleared, so nothing stale survives).
@@ -24,6 +26,7 @@ import httpx
 
 from radixserve.router.circuit_breaker import CircuitBreaker
 from radixserve.router.config import RouterConfig
+from radixserve.router.engine_api import NotReady, engine_loads, probe_engine, split_engine_api
 from radixserve.router.mirror.index import CacheIndex
 from radixserve.router.targets import KVEndpoint, TargetKey, normalize_url
 
@@ -63,6 +66,8 @@ class Worker:
     loads: dict[int, TargetLoad] = field(default_factory=dict)
     health_successes: int = 0
     health_failures: int = 0
+    engine_api: str = "auto"  # "sglang" | "vllm" once probed (see engine_api)
+    not_ready: str | None = None  # the last reason logged for not being usable yet
 
     def targets(self) -> list[TargetKey]:
         return [(self.url, rank) for rank in range(self.dp_size)]
@@ -85,24 +90,10 @@ class Worker:
             "model": self.model_name,
             "page_size": self.page_size,
             "dp_size": self.dp_size,
+            "engine_api": self.engine_api,
             "kv_events": [e.endpoint for e in self.kv_endpoints],
             "load": {rank: vars(load) for rank, load in sorted(self.loads.items())},
         }
-
-
-def parse_kv_endpoints(info: dict[str, Any]) -> tuple[KVEndpoint, ...]:
-    out = []
-    for entry in info.get("kv_events") or ():
-        replay = entry.get("replay_endpoint")
-        out.append(
-            KVEndpoint(
-                dp_rank=int(entry.get("dp_rank", 0)),
-                endpoint=entry["endpoint"],  # 0.0.0.0 → the worker's host: CacheIndex does it
-                replay_endpoint=replay,
-                topic=entry.get("topic", ""),
-            )
-        )
-    return tuple(out)
 
 
 class WorkerRegistry:
@@ -122,6 +113,7 @@ class WorkerRegistry:
         source: str = "static",
         kv_override: Sequence[KVEndpoint] | None = None,
     ) -> Worker:
+        api, url = split_engine_api(url.strip())
         url = normalize_url(url)
         if url in self.workers:
             raise ValueError(f"url: worker {url} is already registered")
@@ -137,6 +129,7 @@ class WorkerRegistry:
             tuple(kv_override) if kv_override is not None else None,
             breaker,
         )
+        worker.engine_api = api or c.engine_api
         self.workers[url] = worker
         logger.info("worker added url=%s source=%s", url, source)
         return worker
@@ -158,33 +151,34 @@ class WorkerRegistry:
     # ---- health -------------------------------------------------------------------------------
 
     async def probe(self, worker: Worker) -> None:
-        """Fetch `/server_info` and `/model_info`; raises httpx errors or ValueError."""
-        info = await self._get_json(worker, "/server_info")
-        model = await self._get_json(worker, "/model_info")
-        worker.page_size = int(info.get("page_size") or 1)
-        worker.dp_size = max(1, int(info.get("dp_size") or 1))
-        worker.model_name = model.get("served_model_name") or info.get("served_model_name")
-        found = parse_kv_endpoints(info)
+        """Ask the engine what it is (engine_api); raises NotReady naming what is missing."""
+        info = await probe_engine(lambda path: self._get(worker, path), worker.engine_api)
+        worker.engine_api = info.api
+        worker.page_size, worker.dp_size, worker.model_name = (
+            info.page_size, info.dp_size, info.model_name
+        )  # fmt: skip
+        found = info.kv_endpoints
         worker.kv_endpoints = worker.kv_override if worker.kv_override is not None else found
+
+    def _not_ready(self, worker: Worker, reason: str) -> None:
+        """Log why the worker is not usable yet, once per change of reason."""
+        if reason != worker.not_ready:
+            worker.not_ready = reason
+            logger.warning("worker not ready url=%s reason=%s", worker.url, reason)
 
     async def _get(self, worker: Worker, path: str) -> httpx.Response:
         timeout = self.config.health_check_timeout_s
         return await self.client.get(worker.url + path, headers=worker.headers(), timeout=timeout)
 
-    async def _get_json(self, worker: Worker, path: str) -> dict[str, Any]:
-        resp = await self._get(worker, path)
-        resp.raise_for_status()
-        body = resp.json()
-        if not isinstance(body, dict):
-            raise ValueError(f"{path}: expected a JSON object")
-        return body
-
     async def check(self, worker: Worker) -> None:
         """One active health check, with the thresholds of the config."""
         try:
-            ok = (await self._get(worker, "/health")).status_code == 200
-        except httpx.HTTPError:
-            ok = False
+            status = (await self._get(worker, "/health")).status_code
+            ok, why = status == 200, f"/health answered {status}"
+        except httpx.HTTPError as exc:
+            ok, why = False, f"/health: {type(exc).__name__}"
+        if not ok and not worker.healthy:
+            self._not_ready(worker, why)
         if ok:
             worker.health_failures = 0
             worker.health_successes += 1
@@ -203,17 +197,18 @@ class WorkerRegistry:
                 return
             try:
                 await self.probe(worker)
-            except (httpx.HTTPError, ValueError, KeyError) as exc:
-                logger.info("worker not ready url=%s error=%r", worker.url, exc)
+            except (NotReady, ValueError, KeyError, TypeError) as exc:
+                self._not_ready(worker, str(exc) or type(exc).__name__)
                 return
             by_rank = {e.dp_rank: e for e in worker.kv_endpoints}
             for key in worker.targets():
                 self.index.add_target(key, worker.page_size, by_rank.get(key[1]))
             worker.healthy = worker.ever_healthy = True
+            worker.not_ready = None
             worker.breaker.reset()
             logger.info(
-                "worker healthy url=%s dp_size=%d page_size=%d kv_events=%s",
-                worker.url, worker.dp_size, worker.page_size, bool(by_rank),
+                "worker healthy url=%s engine_api=%s dp_size=%d page_size=%d kv_events=%s",
+                worker.url, worker.engine_api, worker.dp_size, worker.page_size, bool(by_rank),
             )  # fmt: skip
 
     async def mark_unhealthy(self, worker: Worker, reason: str) -> None:
@@ -240,16 +235,11 @@ class WorkerRegistry:
     # ---- load ---------------------------------------------------------------------------------
 
     async def poll_load(self, worker: Worker) -> None:
-        try:
-            resp = await self._get(worker, "/get_load")
-            resp.raise_for_status()
-            body = resp.json()
-        except (httpx.HTTPError, ValueError):
-            return  # the health checks decide what an unreachable worker means
-        for entry in body if isinstance(body, list) else [body]:
-            load = worker.load_of(int(entry.get("dp_rank") or 0))
-            load.engine_reqs = int(entry.get("num_reqs") or 0)
-            load.engine_used_tokens = int(entry.get("num_used_tokens") or 0)
+        """The engine's own queue (SGLang `/get_load`, vLLM `/metrics`), per DP rank."""
+        for entry in await engine_loads(lambda path: self._get(worker, path), worker.engine_api):
+            load = worker.load_of(entry.dp_rank)
+            load.engine_reqs = entry.num_reqs
+            load.engine_used_tokens = entry.num_used_tokens
             load.own_at_poll = load.in_flight
 
     async def load_loop(self) -> None:
