@@ -4,18 +4,23 @@ Both run on the same paged KV pool, filled through each backend's own KV write, 
 (with and without a cached prefix), decode and mixed batches, page sizes 1 and 16, and
 GQA layouts including one KV head per rank (as under tensor parallelism) and plain MHA.
 The reference (`torch_backend.py`: gathered K/V repeated per query head, one SDPA) is the
-oracle; float32 must agree to rounding, bfloat16 within the stated tolerance.
+oracle; float32 must agree to rounding, bfloat16 within the stated tolerance. The grouped
+backend runs twice: with the C++ paged kernel (its default where g++ builds it) and on its
+PyTorch path alone (the fallback where no compiler is).
 """
 
 from __future__ import annotations
 
 import random
+import shutil
 from dataclasses import dataclass
 
 import pytest
 import torch
 
-from radixserve.engine.attention import create_attention_backend
+from radixserve.engine.attention import AttentionBackend, create_attention_backend
+from radixserve.engine.attention.grouped_backend import GroupedAttnBackend
+from radixserve.engine.attention.paged_cpu import load_paged_kernel
 from radixserve.engine.layers.radix_attention import RadixAttention
 from radixserve.engine.mem_cache import MHATokenToKVPool, ReqToTokenPool, create_allocator
 from radixserve.engine.model_executor.forward_batch import ForwardBatch, ForwardMode
@@ -79,17 +84,29 @@ def make_batch(
     )
 
 
+def grouped_variant(name: str) -> AttentionBackend:
+    """'kernel': the registry's grouped backend (the C++ kernel where it builds);
+    'pytorch': the same backend without the kernel."""
+    if name == "kernel":
+        return create_attention_backend("grouped")
+    return GroupedAttnBackend(None)
+
+
 def run_both(
-    fb: ForwardBatch, layer: RadixAttention, dtype: torch.dtype, gen: torch.Generator
+    fb: ForwardBatch,
+    layer: RadixAttention,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+    fast: str = "kernel",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same q/k/v through both backends (each writes the same K/V to the same slots)."""
+    """Same q/k/v through both backends (each writes the same K/V to the same slots). q is
+    a strided view of a fused qkv row, as the models hand it over."""
     t = int(fb.out_cache_loc.numel())
-    q = torch.randn(t, layer.num_heads * HEAD_DIM, generator=gen).to(dtype)
-    k = torch.randn(t, layer.num_kv_heads * HEAD_DIM, generator=gen).to(dtype)
-    v = torch.randn(t, layer.num_kv_heads * HEAD_DIM, generator=gen).to(dtype)
+    hq, hkv = layer.num_heads * HEAD_DIM, layer.num_kv_heads * HEAD_DIM
+    qkv = torch.randn(t, hq + 2 * hkv, generator=gen).to(dtype)
+    q, k, v = qkv.split([hq, hkv, hkv], dim=-1)
     outs = []
-    for name in ("torch", "grouped"):
-        backend = create_attention_backend(name)
+    for backend in (create_attention_backend("torch"), grouped_variant(fast)):
         fb.attn_backend = backend
         backend.init_forward_metadata(fb)
         outs.append(backend.forward(q, k, v, layer, fb).float())
@@ -102,15 +119,16 @@ def prefill(pools: Pools, rows: list[int], lens: list[int], layer: RadixAttentio
     run_both(fb, layer, pools.kv.dtype, torch.Generator().manual_seed(0))
 
 
-LAYOUTS = [(9, 3), (4, 1), (4, 4)]  # SmolLM2's GQA; one KV head per TP rank; plain MHA
+LAYOUTS = [(9, 3), (4, 1), (4, 4), (6, 1)]  # SmolLM2; one KV head per TP rank; MHA; G=6
 DTYPES = [torch.float32, torch.bfloat16]
 
 
+@pytest.mark.parametrize("fast", ["kernel", "pytorch"])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("heads", LAYOUTS, ids=lambda h: f"{h[0]}q{h[1]}kv")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_extend_decode_and_mixed_match_the_reference(
-    page_size: int, heads: tuple[int, int], dtype: torch.dtype
+    page_size: int, heads: tuple[int, int], dtype: torch.dtype, fast: str
 ) -> None:
     num_heads, kv_heads = heads
     layer = RadixAttention(num_heads, HEAD_DIM, HEAD_DIM**-0.5, kv_heads, layer_id=0)
@@ -122,29 +140,29 @@ def test_extend_decode_and_mixed_match_the_reference(
 
     # extend from empty (causal, no prefix): 5 requests of different lengths
     fb = make_batch(pools, ForwardMode.EXTEND, list(range(5)), [0] * 5, lens)
-    ref, fast = run_both(fb, layer, dtype, gen)
-    torch.testing.assert_close(fast, ref, atol=atol, rtol=rtol)
+    ref, got = run_both(fb, layer, dtype, gen, fast)
+    torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
 
     # extend over a cached prefix (chunked prefill / radix hit): 2..20 new tokens each
     ext = [rng.randrange(2, 21) for _ in range(5)]
     fb = make_batch(pools, ForwardMode.EXTEND, list(range(5)), lens, ext)
-    ref, fast = run_both(fb, layer, dtype, gen)
-    torch.testing.assert_close(fast, ref, atol=atol, rtol=rtol)
+    ref, got = run_both(fb, layer, dtype, gen, fast)
+    torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
     lens = [a + b for a, b in zip(lens, ext, strict=True)]
 
     # three decode steps of the whole batch (different lengths, padding masked)
     for _ in range(3):
         fb = make_batch(pools, ForwardMode.DECODE, list(range(5)), lens, [1] * 5)
-        ref, fast = run_both(fb, layer, dtype, gen)
-        torch.testing.assert_close(fast, ref, atol=atol, rtol=rtol)
+        ref, got = run_both(fb, layer, dtype, gen, fast)
+        torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
         lens = [n + 1 for n in lens]
 
     # mixed: a new request's prefill chunk and a prefix-hit chunk plus the running decodes
     prefill(pools, [5], [33], layer)
     rows, prefix, extend = [6, 5, *range(5)], [0, 33, *lens], [40, 17, 1, 1, 1, 1, 1]
     fb = make_batch(pools, ForwardMode.MIXED, rows, prefix, extend)
-    ref, fast = run_both(fb, layer, dtype, gen)
-    torch.testing.assert_close(fast, ref, atol=atol, rtol=rtol)
+    ref, got = run_both(fb, layer, dtype, gen, fast)
+    torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
 
 
 def test_forward_without_metadata_is_an_error() -> None:
@@ -155,3 +173,9 @@ def test_forward_without_metadata_is_an_error() -> None:
     kv = torch.zeros(4, 3 * HEAD_DIM)
     with pytest.raises(RuntimeError, match="init_forward_metadata"):
         create_attention_backend("grouped").forward(x, kv, kv, layer, fb)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler: PyTorch path only")
+def test_the_kernel_builds_where_a_compiler_is() -> None:
+    """Where g++ is, the default grouped backend must not silently fall back."""
+    assert load_paged_kernel() is not None

@@ -10,6 +10,12 @@ without a cached prefix uses the causal kernel without an explicit mask. The req
 extend-like batch that add one token (the decodes of a MIXED batch) go through the batched
 decode path together.
 
+With the C++ kernel (`paged_cpu.py`, built where a compiler is) and CPU tensors, the one-token
+rows go through one kernel call per layer instead: it reads K/V from the pool's slots in place
+(no gather, no padding mask). Multi-token extends stay on SDPA (faster there: it blocks the
+queries of a request into matrix products; measured in docs/benchmarks.md), and the PyTorch
+decode path stays as the fallback where the kernel is missing or the tensors don't suit it.
+
 The reference backend (`torch_backend.py`) computes the same attention; tests compare them.
 """
 
@@ -22,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from radixserve.engine.attention.base import AttentionBackend
+from radixserve.engine.attention.paged_cpu import PagedAttentionKernel
 
 if TYPE_CHECKING:
     from radixserve.engine.layers.radix_attention import RadixAttention
@@ -34,6 +41,8 @@ class DecodeRows:
 
     req_index: torch.Tensor  # [b] int64 rows of the batch (token index = query index)
     token_index: torch.Tensor  # [b] int64 positions of their query in q
+    slots: torch.Tensor  # [B, max_len] int64 the batch's kv_rows (the kernel reads these)
+    seq_lens: torch.Tensor  # [b] int64 keys each attends
     flat_slots: torch.Tensor  # [b · L] int64, slot 0 beyond each seq_len
     max_len: int
     mask: torch.Tensor  # [b, 1, 1, L] bool, True = attend
@@ -59,7 +68,7 @@ def _decode_rows(fb: ForwardBatch, rows: list[int], token_index: list[int]) -> D
     device = fb.seq_lens.device
     req_index = torch.tensor(rows, dtype=torch.int64, device=device)
     max_len = max(fb.seq_lens_cpu[i] for i in rows)
-    slots = fb.req_kv_rows(max_len)
+    all_slots = slots = fb.req_kv_rows(max_len)
     lens = fb.seq_lens
     if len(rows) != fb.batch_size:
         slots, lens = slots[req_index], lens[req_index]
@@ -68,6 +77,8 @@ def _decode_rows(fb: ForwardBatch, rows: list[int], token_index: list[int]) -> D
     return DecodeRows(
         req_index=req_index,
         token_index=torch.tensor(token_index, dtype=torch.int64, device=device),
+        slots=all_slots,
+        seq_lens=lens.to(torch.int64),
         flat_slots=flat,
         max_len=max_len,
         mask=valid[:, None, None, :],
@@ -105,11 +116,30 @@ def build_metadata(fb: ForwardBatch) -> ForwardMetadata:
 
 
 class GroupedAttnBackend(AttentionBackend):
-    def __init__(self) -> None:
+    """`kernel`: the C++ paged attention for the one-token rows (None: PyTorch only)."""
+
+    def __init__(self, kernel: PagedAttentionKernel | None = None) -> None:
+        self._kernel = kernel
         self._meta: ForwardMetadata | None = None
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         self._meta = build_metadata(forward_batch)
+
+    def _decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        layer: RadixAttention,
+        rows: DecodeRows,
+    ) -> torch.Tensor:
+        """q [b, Hq·D] (one token per request, rows may be strided) → [b, Hq, D]."""
+        q3 = q.unflatten(1, (layer.num_heads, layer.head_dim))
+        if self._kernel is not None and PagedAttentionKernel.supports(q3, k_cache, rows.slots):
+            return self._kernel(
+                q3, k_cache, v_cache, rows.slots, rows.req_index, rows.seq_lens, layer.scaling
+            )
+        return _grouped_decode(q, k_cache, v_cache, layer, rows)
 
     def _metadata(self, fb: ForwardBatch) -> ForwardMetadata:
         if self._meta is None:
@@ -127,7 +157,7 @@ class GroupedAttnBackend(AttentionBackend):
         meta = self._metadata(forward_batch)
         k_cache, v_cache = self._write_kv(k, v, layer, forward_batch)
         assert meta.decode is not None
-        out = _grouped_decode(q, k_cache, v_cache, layer, meta.decode)
+        out = self._decode(q, k_cache, v_cache, layer, meta.decode)
         return out.reshape(-1, layer.num_heads * layer.head_dim)
 
     def forward_extend(
@@ -145,7 +175,9 @@ class GroupedAttnBackend(AttentionBackend):
         out = torch.empty_like(q)
         if meta.decode is not None:
             dq = q.index_select(0, meta.decode.token_index)
-            out[meta.decode.token_index] = _grouped_decode(dq, k_cache, v_cache, layer, meta.decode)
+            out[meta.decode.token_index] = self._decode(
+                dq.flatten(1), k_cache, v_cache, layer, meta.decode
+            )
         for req in meta.extend_reqs:
             end = req.q_start + req.extend
             out[req.q_start : end] = _extend_one(q[req.q_start : end], k_cache, v_cache, req, layer)

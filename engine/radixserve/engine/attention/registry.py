@@ -6,10 +6,18 @@ from collections.abc import Callable
 
 from radixserve.engine.attention.base import AttentionBackend
 from radixserve.engine.attention.grouped_backend import GroupedAttnBackend
+from radixserve.engine.attention.paged_cpu import load_paged_kernel
 from radixserve.engine.attention.torch_backend import TorchNativeAttnBackend
 
+
+def _grouped() -> AttentionBackend:
+    """The grouped backend with the C++ CPU kernel where it builds (PyTorch path otherwise)."""
+    return GroupedAttnBackend(load_paged_kernel())
+
+
 _BACKENDS: dict[str, Callable[[], AttentionBackend]] = {
-    "grouped": GroupedAttnBackend,
+    "grouped": _grouped,
+    "grouped_pytorch": GroupedAttnBackend,  # the grouped backend without the C++ kernel
     "torch": TorchNativeAttnBackend,
     "torch_native": TorchNativeAttnBackend,
 }
