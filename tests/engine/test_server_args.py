@@ -119,11 +119,12 @@ def test_unknown_kwarg_is_rejected_by_name() -> None:
         ({"tp_size": 4, "ep_size": 3}, "ep_size"),  # an EP group is ep_size TP ranks
         ({"tp_size": 2, "ep_size": 2, "moe_a2a_backend": "deepep"}, "moe_a2a_backend"),
         ({"dp_size": 2, "load_balance_method": "minimum_tokens"}, "load_balance_method"),
-        # a valid shape, but DP attention does not run in this build
-        ({"tp_size": 2, "dp_size": 2, "enable_dp_attention": True}, "enable_dp_attention"),
+        ({"tp_size": 2, "enable_dp_attention": True}, "enable_dp_attention"),  # dp_size 1
+        # under DP attention tp_size is the whole world: ep may not exceed it
+        ({"tp_size": 2, "dp_size": 2, "ep_size": 4, "enable_dp_attention": True}, "ep_size"),
     ],
 )
-def test_parallelism_is_checked_and_refused_until_implemented(
+def test_bad_parallel_layouts_are_refused_naming_the_flag(
     kwargs: dict[str, object], field: str
 ) -> None:
     with pytest.raises(ValueError, match=f"^{field}:"):
@@ -136,6 +137,21 @@ def test_tensor_parallelism_is_accepted() -> None:
     assert (args.ep_size, args.moe_a2a_backend) == (2, "all_to_all")
     args = ServerArgs.from_kwargs(tp_size=2, dp_size=2, load_balance_method="shortest_queue")
     assert (args.dp_size, args.load_balance_method) == (2, "shortest_queue")
+    assert (args.num_ranks, args.attn_tp_size) == (4, 2)  # two groups of two TP ranks
+
+
+def test_dp_attention_layout() -> None:
+    args = ServerArgs.from_kwargs(tp_size=4, dp_size=2, ep_size=4, enable_dp_attention=True)
+    assert (args.num_ranks, args.attn_tp_size) == (4, 2)  # one world of 4, attention in 2 x 2
+    assert not args.overlap_schedule  # token counts are agreed before each forward
+    on_gpu = ServerArgs.from_kwargs(
+        tp_size=2,
+        dp_size=2,
+        enable_dp_attention=True,
+        device="cuda",
+        disable_overlap_schedule=False,
+    )
+    assert not on_gpu.overlap_schedule
 
 
 def test_all_unknown_kwargs_are_listed() -> None:

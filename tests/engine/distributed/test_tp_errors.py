@@ -1,7 +1,8 @@
 """A tensor- or expert-parallel layout the model or the machine cannot run fails at start-up,
 before any process starts, with one ValueError naming the flag: attention heads not divisible,
 KV heads neither divisible nor dividing, more ranks than CUDA devices (--tp-size); experts not
-divisible by --ep-size, --ep-size on a dense model. (ep not dividing tp or above tp × dp, an
+divisible by --ep-size, --ep-size on a dense model; under DP attention, heads not divisible by
+tp / dp and MLPs not divisible by tp. (ep not dividing tp or above tp × dp, an
 unknown --moe-a2a-backend, dp / DP attention: ServerArgs, tests/engine/test_server_args.py.)"""
 
 from __future__ import annotations
@@ -76,3 +77,25 @@ def test_ep_on_a_dense_model(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match=r"^ep_size: 2 needs a MoE model"):
         Engine(model_path=_config_only(tmp_path), tp_size=2, ep_size=2)
+
+
+def test_dp_attention_heads_not_divisible_by_attention_tp(tmp_path: Path) -> None:
+    from radixserve.engine import Engine
+
+    path = _config_only(tmp_path, num_attention_heads=6, num_key_value_heads=6, head_dim=16)
+    with pytest.raises(
+        ValueError,
+        match=r"^tp_size: the model's 6 attention heads are not divisible by "
+        r"tp_size / dp_size = 4 \(DP attention\)",
+    ):
+        Engine(model_path=path, tp_size=8, dp_size=2, enable_dp_attention=True)
+
+
+def test_dp_attention_mlp_not_divisible_by_tp(tmp_path: Path) -> None:
+    from radixserve.engine import Engine
+
+    path = _config_only(tmp_path, intermediate_size=100)  # 4 heads split fine over tp / dp = 2
+    with pytest.raises(
+        ValueError, match=r"^tp_size: the model's MLP intermediate size 100 .* tp_size 8"
+    ):
+        Engine(model_path=path, tp_size=8, dp_size=4, enable_dp_attention=True)

@@ -52,9 +52,11 @@ class ServerArgs:
     # them, so enabling them without a port is refused (they would grow without bound).
     enable_kv_events: bool = False
     attention_backend: str = "auto"  # auto: grouped on CPU, torch elsewhere
-    # parallelism: tp, ep and dp run (one scheduler process per rank); DP attention is refused
+    # parallelism: one scheduler process per rank. Without DP attention dp_size independent
+    # scheduling groups of tp_size ranks each; with it tp_size ranks in all, whose attention is
+    # split into dp_size DP ranks of tp_size / dp_size ranks (SGLang's convention)
     tp_size: int = 1
-    dp_size: int = 1  # without DP attention: dp_size independent scheduling groups of tp ranks
+    dp_size: int = 1
     ep_size: int = 1
     moe_a2a_backend: str = "none"  # EP dispatch: none (all-reduce) | all_to_all
     load_balance_method: str = "round_robin"  # DP controller: round_robin | shortest_queue
@@ -148,6 +150,11 @@ class ServerArgs:
                 "dp_size",
                 f"must divide tp_size ({self.tp_size}) with --enable-dp-attention",
             )
+            _check(
+                self.dp_size > 1,
+                "enable_dp_attention",
+                "needs --dp-size > 1 (the number of DP attention ranks)",
+            )
         _check(
             self.ep_size <= self.tp_size * self.dp_size,
             "ep_size",
@@ -169,11 +176,6 @@ class ServerArgs:
             "load_balance_method",
             f"must be one of {LOAD_BALANCE_METHODS}, got {self.load_balance_method!r}",
         )
-        _check(
-            not self.enable_dp_attention,
-            "enable_dp_attention",
-            "DP attention is not implemented in this build yet",
-        )
 
     @property
     def model_name(self) -> str:
@@ -189,9 +191,23 @@ class ServerArgs:
         return self.chunked_prefill_size
 
     @property
+    def num_ranks(self) -> int:
+        """Scheduler processes of this server (one per rank)."""
+        return self.tp_size if self.enable_dp_attention else self.tp_size * self.dp_size
+
+    @property
+    def attn_tp_size(self) -> int:
+        """Ranks that share one attention (and one scheduler's batches): tp / dp under DP
+        attention, tp otherwise."""
+        return self.tp_size // self.dp_size if self.enable_dp_attention else self.tp_size
+
+    @property
     def overlap_schedule(self) -> bool:
         """Whether the overlapped event loop runs (default: everywhere but on CPU, where the
-        forward thread and the scheduler compete for the same few cores)."""
+        forward thread and the scheduler compete for the same few cores). DP attention runs
+        without it: each step's token counts are agreed before its forward."""
+        if self.enable_dp_attention:
+            return False
         if self.disable_overlap_schedule is None:
             return self.device != "cpu"
         return not self.disable_overlap_schedule
@@ -229,23 +245,41 @@ class ServerArgs:
         return cls(**kwargs)
 
 
-def check_tp_layout(config: ModelConfig, tp_size: int) -> None:
+def check_tp_layout(config: ModelConfig, tp_size: int, dp_attention: bool = False) -> None:
     """Refuse a TP size the model's heads cannot be split over (ValueError naming tp_size):
     attention heads must divide evenly; KV heads must divide evenly, or divide tp_size (then
-    each KV head is replicated on tp_size / num_kv_heads ranks)."""
+    each KV head is replicated on tp_size / num_kv_heads ranks). Under DP attention the heads
+    are split over the attention-TP size (`ServerArgs.attn_tp_size`), which is what is passed."""
     heads, kv = config.num_attention_heads, config.num_key_value_heads
+    split = (
+        f"tp_size / dp_size = {tp_size} (DP attention)" if dp_attention else f"tp_size {tp_size}"
+    )
     _check(
         heads % tp_size == 0,
         "tp_size",
-        f"the model's {heads} attention heads are not divisible by tp_size {tp_size}",
+        f"the model's {heads} attention heads are not divisible by {split}",
     )
     ok = kv % tp_size == 0 if kv >= tp_size else tp_size % kv == 0
     _check(
         ok,
         "tp_size",
-        f"the model's {kv} KV heads can be neither split nor replicated over tp_size "
-        f"{tp_size} (one must divide the other)",
+        f"the model's {kv} KV heads can be neither split nor replicated over {split} "
+        "(one must divide the other)",
     )
+
+
+def check_mlp_layout(config: ModelConfig, tp_size: int) -> None:
+    """Under DP attention the MLPs span the whole TP group: their intermediate sizes must split
+    evenly over it (ValueError naming tp_size)."""
+    sizes = [config.intermediate_size]
+    if config.moe is not None:
+        sizes.append(config.moe.shared_expert_intermediate_size or 0)
+    for size in sizes:
+        _check(
+            size % tp_size == 0,
+            "tp_size",
+            f"the model's MLP intermediate size {size} is not divisible by tp_size {tp_size}",
+        )
 
 
 def check_ep_layout(config: ModelConfig, ep_size: int) -> None:
@@ -265,9 +299,10 @@ def check_devices(args: ServerArgs, num_cuda_devices: int) -> None:
     """On CUDA each rank needs its own device (ValueError naming tp_size)."""
     if args.device.startswith("cuda"):
         _check(
-            args.tp_size <= num_cuda_devices,
+            args.num_ranks <= num_cuda_devices,
             "tp_size",
-            f"{args.tp_size} ranks need {args.tp_size} CUDA devices, {num_cuda_devices} visible",
+            f"{args.num_ranks} ranks need {args.num_ranks} CUDA devices, "
+            f"{num_cuda_devices} visible",
         )
 
 

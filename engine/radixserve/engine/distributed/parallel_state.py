@@ -2,11 +2,14 @@
 process from its rank, the world size and a TCP port, then passed down explicitly (ModelRunner
 → models → layers). Nothing here is a module global.
 
-Groups: `world`, `tp` (today the whole world), `attn_tp` / `attn_dp` (attention-TP = tp,
-attention-DP = 1), `ep` (expert parallelism: ep_size consecutive TP ranks, so tp / ep groups
-each hold every expert once), and `cpu`, a gloo group over the same ranks for control messages
-(request broadcast, pool-size agreement). Device groups use NCCL on CUDA and gloo on the CPU.
-`moe_a2a_backend` says how MoE layers dispatch tokens over `ep` (none | all_to_all).
+Groups: `world`; `tp` (the whole world: dense MLPs, MoE and shared experts are split over it);
+`attn_tp`, the ranks that share one attention (without DP attention the whole world, with it
+the tp/dp consecutive ranks of one DP rank) and `attn_dp` (the ranks with the same attention-TP
+rank across DP ranks; size dp, or 1); `ep` (expert parallelism: ep_size consecutive ranks, so
+tp / ep groups each hold every expert once); `cpu`, a gloo group over the world for control
+messages (pool-size agreement, DP attention's per-step token counts) and `attn_cpu`, gloo over
+`attn_tp` (the request broadcast of one DP rank). Device groups use NCCL on CUDA and gloo on
+the CPU. `moe_a2a_backend` says how MoE layers dispatch tokens over `ep` (none | all_to_all).
 
 NOTE: torch.distributed keeps one ambient default process group per process; it is created
 and destroyed only here (`init_parallel_groups` / `destroy_parallel_groups`), one per process.
@@ -29,7 +32,8 @@ CONTROL_TIMEOUT = timedelta(days=30)
 @dataclass(frozen=True, slots=True)
 class RankSpec:
     """Where one scheduler process sits: its TP rank, the TP size, the rendezvous port, the EP
-    size (dividing tp_size) and the MoE dispatch mode."""
+    size (dividing tp_size), the MoE dispatch mode and, under DP attention, the number of DP
+    ranks the world's attention is split into (`attn_dp_size`, dividing tp_size)."""
 
     tp_rank: int = 0
     tp_size: int = 1
@@ -37,10 +41,21 @@ class RankSpec:
     host: str = "127.0.0.1"
     ep_size: int = 1
     moe_a2a_backend: str = "none"
+    attn_dp_size: int = 1  # > 1 only with --enable-dp-attention
+
+    @property
+    def attn_tp_size(self) -> int:
+        return self.tp_size // self.attn_dp_size
+
+    @property
+    def dp_rank(self) -> int:
+        """The DP rank this process's attention serves (0 without DP attention)."""
+        return self.tp_rank // self.attn_tp_size
 
     @property
     def is_first(self) -> bool:
-        return self.tp_rank == 0
+        """Attention-TP rank 0: reads its DP rank's requests, sends outputs, publishes events."""
+        return self.tp_rank % self.attn_tp_size == 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +66,7 @@ class ParallelGroups:
     attn_dp: GroupHandle
     ep: GroupHandle
     cpu: GroupHandle
+    attn_cpu: GroupHandle
     device: torch.device = field(default=torch.device("cpu"))
     moe_a2a_backend: str = "none"  # none: all-reduce of local experts' shares | all_to_all
 
@@ -59,7 +75,13 @@ class ParallelGroups:
         """One process: every group has size 1 and no collective runs."""
         dev = device or torch.device("cpu")
         one = GroupHandle.single(dev)
-        return cls(one, one, one, GroupHandle.single(dev), GroupHandle.single(dev), one, dev)
+        cpu = GroupHandle.single()
+        return cls(one, one, one, one, one, cpu, cpu, dev)
+
+    @property
+    def dp_attention(self) -> bool:
+        """Whether attention is data-parallel (then MLPs gather every DP rank's tokens)."""
+        return self.attn_dp.size > 1
 
 
 def init_parallel_groups(spec: RankSpec, device: torch.device) -> ParallelGroups:
@@ -81,23 +103,48 @@ def init_parallel_groups(spec: RankSpec, device: torch.device) -> ParallelGroups
     world = GroupHandle(spec.tp_rank, spec.tp_size, dist.group.WORLD, device)
     cpu_pg = dist.new_group(ranks, backend="gloo", timeout=CONTROL_TIMEOUT)
     cpu = GroupHandle(spec.tp_rank, spec.tp_size, cpu_pg, torch.device("cpu"))
-    one = GroupHandle.single(device)
-    ep = _ep_group(spec, world, device)
-    return ParallelGroups(world, world, world, one, ep, cpu, device, spec.moe_a2a_backend)
+    if spec.attn_dp_size == 1:
+        attn_tp, attn_dp, attn_cpu = world, GroupHandle.single(device), cpu
+    else:
+        attn_tp = _consecutive_group(spec, spec.attn_tp_size, world, device)
+        attn_cpu = _consecutive_group(spec, spec.attn_tp_size, cpu, torch.device("cpu"), "gloo")
+        attn_dp = _strided_group(spec, spec.attn_tp_size, device)
+    ep = _consecutive_group(spec, spec.ep_size, world, device)
+    return ParallelGroups(
+        world, world, attn_tp, attn_dp, ep, cpu, attn_cpu, device, spec.moe_a2a_backend
+    )
 
 
-def _ep_group(spec: RankSpec, world: GroupHandle, device: torch.device) -> GroupHandle:
-    """Ranks [g·ep, (g+1)·ep) form EP group g; every rank creates every group (collective)."""
-    size = spec.ep_size
+def _consecutive_group(
+    spec: RankSpec,
+    size: int,
+    whole: GroupHandle,
+    device: torch.device,
+    backend: str | None = None,
+) -> GroupHandle:
+    """Ranks [g·size, (g+1)·size) form group g; every rank creates every group (collective)."""
     if size == 1:
         return GroupHandle.single(device)
     if size == spec.tp_size:
-        return world
+        return whole
     mine = GroupHandle.single(device)
     for start in range(0, spec.tp_size, size):
-        pg = dist.new_group(list(range(start, start + size)), timeout=CONTROL_TIMEOUT)
+        pg = dist.new_group(
+            list(range(start, start + size)), timeout=CONTROL_TIMEOUT, backend=backend
+        )
         if start <= spec.tp_rank < start + size:
             mine = GroupHandle(spec.tp_rank - start, size, pg, device)
+    return mine
+
+
+def _strided_group(spec: RankSpec, stride: int, device: torch.device) -> GroupHandle:
+    """Ranks {a, a + stride, a + 2·stride, …} for each a < stride: the attention-DP groups."""
+    mine = GroupHandle.single(device)
+    for first in range(stride):
+        members = list(range(first, spec.tp_size, stride))
+        pg = dist.new_group(members, timeout=CONTROL_TIMEOUT)
+        if spec.tp_rank in members:
+            mine = GroupHandle(members.index(spec.tp_rank), len(members), pg, device)
     return mine
 
 

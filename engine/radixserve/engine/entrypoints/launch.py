@@ -1,7 +1,8 @@
-"""Starts a replica's child processes (one scheduler per TP rank of each of the dp_size
-scheduling groups, the detokenizer), waits for every rank's start-up handshake, watches them,
-and shuts them down in order. Each DP group has its own torch.distributed rendezvous and its
-own scheduler input (`PortArgs.scheduler_input_for`).
+"""Starts a replica's child processes (one scheduler per rank, the detokenizer), waits for every
+rank's start-up handshake, watches them, and shuts them down in order. Without DP attention
+each of the dp_size scheduling groups has its own torch.distributed rendezvous of tp_size
+ranks; with it one rendezvous holds all tp_size ranks. Each DP rank has its own scheduler
+input (`PortArgs.scheduler_input_for`).
 
 Children are spawned (not forked: torch and ZMQ state must not be shared), ignore SIGINT
 (the parent owns Ctrl-C) and are SIGKILLed by the kernel if the parent dies.
@@ -22,6 +23,7 @@ from radixserve.engine.configs.server_args import (
     ServerArgs,
     check_devices,
     check_ep_layout,
+    check_mlp_layout,
     check_tp_layout,
 )
 from radixserve.engine.distributed import RankSpec
@@ -83,14 +85,15 @@ class ChildProcesses:
 def check_parallel_layout(args: ServerArgs) -> None:
     """Refuse, before any process starts, a TP / EP size the model or the machine cannot run
     (ValueError naming the flag)."""
-    if args.tp_size == 1:
+    if args.num_ranks == 1:
         return
     import torch  # the engine extra; only needed to count devices
 
     check_devices(args, torch.cuda.device_count() if args.device.startswith("cuda") else 0)
     source = resolve_model(args.model_path, args.revision)
     config = load_model_files(source, args.resolved_dtype).config
-    check_tp_layout(config, args.tp_size)
+    check_tp_layout(config, args.attn_tp_size, args.enable_dp_attention)
+    check_mlp_layout(config, args.tp_size)  # under DP attention wider than attention's split
     check_ep_layout(config, args.ep_size)
 
 
@@ -100,6 +103,32 @@ def free_tcp_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
+def _rank_layout(args: ServerArgs) -> list[tuple[int, RankSpec]]:
+    """(dp_rank, RankSpec) of every scheduler process, DP rank by DP rank. Without DP
+    attention each DP rank is its own torch.distributed world of tp_size ranks; with it there
+    is one world of tp_size ranks, tp_size / dp_size consecutive ones per DP rank."""
+
+    def spec(rank: int, port: int, attn_dp_size: int = 1) -> RankSpec:
+        return RankSpec(
+            rank,
+            args.tp_size,
+            port,
+            ep_size=args.ep_size,
+            moe_a2a_backend=args.moe_a2a_backend,
+            attn_dp_size=attn_dp_size,
+        )
+
+    if args.enable_dp_attention:
+        port = free_tcp_port("127.0.0.1")
+        specs = [spec(r, port, args.dp_size) for r in range(args.tp_size)]
+        return [(s.dp_rank, s) for s in specs]
+    out = []
+    for dp_rank in range(args.dp_size):
+        port = free_tcp_port("127.0.0.1") if args.tp_size > 1 else 0
+        out += [(dp_rank, spec(r, port)) for r in range(args.tp_size)]
+    return out
+
+
 def launch_subprocesses(args: ServerArgs) -> ChildProcesses:
     """Start tp_size schedulers for each of the dp_size DP ranks + the detokenizer; return
     once every rank is ready."""
@@ -107,26 +136,17 @@ def launch_subprocesses(args: ServerArgs) -> ChildProcesses:
     ctx = mp.get_context("spawn")
     ports = PortArgs.create()
     readers, procs = [], []
-    for dp_rank in range(args.dp_size):
-        dist_port = free_tcp_port("127.0.0.1") if args.tp_size > 1 else 0
-        for tp_rank in range(args.tp_size):
-            reader, writer = ctx.Pipe(duplex=False)
-            rank = RankSpec(
-                tp_rank,
-                args.tp_size,
-                dist_port,
-                ep_size=args.ep_size,
-                moe_a2a_backend=args.moe_a2a_backend,
+    for dp_rank, rank in _rank_layout(args):
+        reader, writer = ctx.Pipe(duplex=False)
+        readers.append(reader)
+        procs.append(
+            ctx.Process(
+                target=_scheduler_main,
+                args=(args, ports, writer, dp_rank, rank),
+                name=f"radixserve-scheduler-{dp_rank}-tp{rank.tp_rank}",
+                daemon=True,
             )
-            readers.append(reader)
-            procs.append(
-                ctx.Process(
-                    target=_scheduler_main,
-                    args=(args, ports, writer, dp_rank, rank),
-                    name=f"radixserve-scheduler-{dp_rank}-tp{tp_rank}",
-                    daemon=True,
-                )
-            )
+        )
     detok = ctx.Process(
         target=_detokenizer_main, args=(args, ports), name="radixserve-detokenizer", daemon=True
     )
@@ -134,7 +154,7 @@ def launch_subprocesses(args: ServerArgs) -> ChildProcesses:
     for p in children.procs:
         p.start()
     infos = [_wait_ready(children, reader) for reader in readers]
-    children.rank_infos = infos[:: args.tp_size]
+    children.rank_infos = infos[:: args.attn_tp_size]
     children.scheduler_info = infos[0]
     logger.info("scheduler ready %s", infos[0])
     return children

@@ -16,6 +16,8 @@ import torch
 
 from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.ipc.messages import LoadOutput, StateOutput
+from radixserve.engine.layers.dp_attention import DpAttentionMeta
+from radixserve.engine.managers.dp_attention_sync import DpAttentionSync
 from radixserve.engine.managers.finish_reason import FinishAbort
 from radixserve.engine.managers.overlap import ForwardWorker, FutureMap, InflightBatch
 from radixserve.engine.managers.prefill_adder import AddReqResult, PrefillAdder, PrefillBudget
@@ -27,6 +29,7 @@ from radixserve.engine.managers.schedule_policy import SchedulePolicy
 from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache
 from radixserve.engine.mem_cache.chunk_cache import ChunkCache
 from radixserve.engine.mem_cache.radix_cache import RadixCache
+from radixserve.engine.model_executor.forward_batch import ForwardMode
 from radixserve.engine.model_executor.model_runner import ModelRunner
 from radixserve.engine.sampling import SampleOutput, Sampler, SamplingBatchInfo
 
@@ -60,6 +63,8 @@ class Scheduler:
         self.inflight: deque[InflightBatch] = deque()
         self.future_map = FutureMap(4 * (self.max_running_requests + 8), runner.device)
         self.worker = ForwardWorker(self.future_map) if args.overlap_schedule else None
+        # DP attention: every step agrees token counts with the other DP ranks (collective)
+        self.dp_sync = DpAttentionSync(runner.groups) if runner.groups.dp_attention else None
 
     @staticmethod
     def _make_tree_cache(args: ServerArgs, runner: ModelRunner) -> BasePrefixCache:
@@ -111,6 +116,15 @@ class Scheduler:
         return bool(
             self.waiting_queue or self.running_batch.reqs or self.chunked_req or pending_merge
         )
+
+    def needs_step(self) -> bool:
+        """Whether the loop must call step(): under DP attention every round, since another
+        DP rank's batch needs this rank in its collectives."""
+        return self.dp_sync is not None or self.has_work()
+
+    def may_idle(self) -> bool:
+        """Whether the loop may block waiting for input (no work here, nor on any DP rank)."""
+        return not self.has_work() and not (self.dp_sync is not None and self.dp_sync.busy)
 
     # ---- batch selection -------------------------------------------------------------------
 
@@ -225,15 +239,27 @@ class Scheduler:
             updated += self._process_oldest()
         batch = self.get_next_batch_to_run()
         self.last_batch = batch
+        dp_meta = self.dp_sync.exchange(batch) if self.dp_sync is not None else None
         if batch is not None:
-            self.inflight.append(self._launch(batch))
+            self.inflight.append(self._launch(batch, dp_meta))
+        elif dp_meta is not None:
+            self._run_idle(dp_meta)
         while self.inflight and (self.worker is None or len(self.inflight) > 1 or batch is None):
             updated += self._process_oldest()
         if batch is None and not self.inflight:
             self.ratio.reset()
         return updated
 
-    def _launch(self, batch: ScheduleBatch) -> InflightBatch:
+    def _run_idle(self, dp_meta: DpAttentionMeta) -> None:
+        """DP attention: no batch here but another DP rank has one; join its collectives."""
+        idle = ScheduleBatch([], self.kv, forward_mode=ForwardMode.IDLE)
+        fb = idle.to_forward_batch(self.runner.device, self.runner.attn_backend)
+        fb.dp_meta = dp_meta
+        self.runner.forward(fb)
+
+    def _launch(
+        self, batch: ScheduleBatch, dp_meta: DpAttentionMeta | None = None
+    ) -> InflightBatch:
         extend = batch.forward_mode.is_extend_like()
         samples = [not (extend and r is self.chunked_req) for r in batch.reqs]
         rec = InflightBatch(
@@ -245,6 +271,7 @@ class Scheduler:
                 req.num_inflight += 1
                 req.pending_token = -slot
         fb = batch.to_forward_batch(self.runner.device, self.runner.attn_backend)
+        fb.dp_meta = dp_meta
         info = SamplingBatchInfo.build(
             [r.sampling_row() for r in batch.reqs],
             self.runner.model_config.vocab_size,

@@ -63,8 +63,8 @@ class SchedulerCore:
             self.files = load_model_files(self.source, args.resolved_dtype)
             self.tokenizer = load_tokenizer(self.source)
         self.model_config = self.files.config
-        if groups is not None and groups.tp.size > 1:
-            check_tp_layout(self.files.config, groups.tp.size)
+        if groups is not None and groups.attn_tp.size > 1:
+            check_tp_layout(self.files.config, groups.attn_tp.size)
         self.runner = ModelRunner(args, self.files, model, groups)
         eos = set(self.files.config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:

@@ -2,11 +2,12 @@
 streams token-id outputs to the detokenizer (and control replies to the tokenizer manager).
 
 Loop: drain inputs (block briefly only when idle) → dispatch by message type → one
-scheduling step → publish KV events → send outputs. One process per TP rank of each DP rank:
-TP rank 0 reads its DP rank's channel and broadcasts each round's inputs to its peers
-(`tp_broadcast`); only TP rank 0 sends outputs and publishes KV events (on its DP rank's
-port, tagged with its dp_rank). Model, tokenizer and Scheduler come from
-`SchedulerCore`.
+scheduling step → publish KV events → send outputs. One process per rank: attention-TP rank 0
+of each DP rank reads that DP rank's channel and broadcasts each round's inputs to its peers
+(`tp_broadcast`); only it sends outputs and publishes KV events (on its DP rank's port, tagged
+with its dp_rank). Under DP attention every round also agrees the step's token counts with the
+other DP ranks (`Scheduler.step`), so an idle rank steps too. Model, tokenizer and Scheduler
+come from `SchedulerCore`.
 """
 
 from __future__ import annotations
@@ -88,11 +89,10 @@ class SchedulerLoop:
     def run(self) -> None:
         """Serve until the process is terminated (the parent stops children by signal)."""
         while True:
-            idle = not self.scheduler.has_work()
-            msgs = self.ch.recv.poll(IDLE_POLL_MS if idle else 0)
+            msgs = self.ch.recv.poll(IDLE_POLL_MS if self.scheduler.may_idle() else 0)
             for msg in msgs:
                 self.handlers[type(msg)](msg)
-            updated = self.scheduler.step() if self.scheduler.has_work() else []
+            updated = self.scheduler.step() if self.scheduler.needs_step() else []
             # Events first: a router that sees a response should already have (or be about to
             # get) the cache changes behind it, so the client's next turn routes here.
             if self.publish_events is not None:
@@ -168,13 +168,15 @@ _OUTPUT_FIELDS = (
 )
 
 
-def rank_args(args: ServerArgs, rank: RankSpec) -> ServerArgs:
-    """This rank's view: its own CUDA device; KV events only on rank 0 (peers' trees are the
-    same, and nothing would drain their events)."""
+def rank_args(args: ServerArgs, rank: RankSpec, dp_rank: int = 0) -> ServerArgs:
+    """This rank's view: its own CUDA device; KV events only on attention-TP rank 0 of its DP
+    rank (peers' trees are the same, and nothing would drain their events)."""
     if args.kv_events_port is not None and not args.enable_kv_events:
         args = replace(args, enable_kv_events=True)
-    if args.device.startswith("cuda") and rank.tp_size > 1:
-        args = replace(args, device=f"cuda:{rank.tp_rank}")
+    if args.device.startswith("cuda") and args.num_ranks > 1:
+        # one device per process: DP attention's ranks are global, otherwise DP groups stack
+        index = rank.tp_rank if rank.attn_dp_size > 1 else dp_rank * rank.tp_size + rank.tp_rank
+        args = replace(args, device=f"cuda:{index}")
     if not rank.is_first:
         args = replace(args, enable_kv_events=False, kv_events_port=None)
     return args
@@ -189,11 +191,12 @@ def _channels(
     def pull() -> PullChannel:
         return PullChannel(ctx, address, bind=False, msg_type=SchedulerInput)
 
-    if groups.tp.size == 1:
+    attn = groups.attn_tp  # the ranks that schedule this DP rank's requests together
+    if attn.size == 1:
         recv: RequestSource = ChannelSource(pull())
     else:
-        recv = BroadcastSource(pull() if groups.tp.is_first else None, groups.cpu)
-    if not groups.tp.is_first:
+        recv = BroadcastSource(pull() if attn.is_first else None, groups.attn_cpu)
+    if not attn.is_first:
         return SchedulerChannels(recv, DiscardSender(), DiscardSender())
     return SchedulerChannels(
         recv=recv,
@@ -204,7 +207,7 @@ def _channels(
 
 def _set_cpu_threads(args: ServerArgs, rank: RankSpec) -> None:
     # Ranks on one CPU share its cores: without a cap each would start one thread per core.
-    ranks = rank.tp_size * args.dp_size
+    ranks = rank.tp_size if args.enable_dp_attention else rank.tp_size * args.dp_size
     if args.device == "cpu" and ranks > 1:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
 
@@ -219,7 +222,7 @@ def run_scheduler_process(
     """Process entry point: join the TP group, build model + scheduler, report readiness,
     serve forever."""
     rank = rank or RankSpec()
-    args = rank_args(args, rank)
+    args = rank_args(args, rank, dp_rank)
     _set_cpu_threads(args, rank)
     ctx = zmq.Context()
     publisher = None

@@ -15,6 +15,7 @@ import torch
 
 if TYPE_CHECKING:
     from radixserve.engine.attention.base import AttentionBackend
+    from radixserve.engine.layers.dp_attention import DpAttentionMeta
     from radixserve.engine.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 
 
@@ -29,6 +30,9 @@ class ForwardMode(Enum):
 
     def is_extend_like(self) -> bool:
         return self in (ForwardMode.EXTEND, ForwardMode.MIXED)
+
+    def is_idle(self) -> bool:
+        return self is ForwardMode.IDLE
 
 
 @dataclass(slots=True)
@@ -49,6 +53,8 @@ class ForwardBatch:
     # [B, max(seq_lens)] int64: a copy of each request's req_to_token row taken when the
     # batch was built, so the CPU may rewrite rows for the next batch during this forward.
     kv_rows: torch.Tensor
+    # DP attention: every DP rank's token count this step (None without DP attention)
+    dp_meta: DpAttentionMeta | None = None
 
     def req_kv_rows(self, max_len: int) -> torch.Tensor:
         """[B, max_len] int64 KV slots of each request's positions (beyond seq_len: junk)."""

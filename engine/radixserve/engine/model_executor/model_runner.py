@@ -93,7 +93,7 @@ class ModelRunner:
         self.model = model if model is not None else self._load_model(files)
         c = self.model_config
         self.num_local_kv_heads = kv_head_layout(
-            c.num_key_value_heads, self.groups.tp
+            c.num_key_value_heads, self.groups.attn_tp
         ).num_local_heads
         sizes = compute_pool_sizes(args, c, self.device, self.num_local_kv_heads)
         # Every rank schedules the same batches: all must hold the same number of tokens.
@@ -126,12 +126,12 @@ class ModelRunner:
     def _load_model(self, files: LoadedModelFiles) -> CausalLM:
         start = time.perf_counter()
         cls = get_model_class(files.config.architecture)
-        tp = self.groups.tp.size > 1
+        tp = self.groups.world.size > 1
         with torch.device(self.device):
             # Single process: the constructor every architecture has (config only).
             model = cls(files.config, groups=self.groups) if tp else cls(files.config)
         weights = files.sharded_weights() if tp else files.weights()
-        if self.groups.tp.rank == 0:  # one bar per replica
+        if self.groups.world.rank == 0:  # one bar per replica
             weights = iter_progress(weights, "loading weights", "tensor")
         model.load_weights(weights)
         model.to(dtype=files.config.dtype)
@@ -154,12 +154,13 @@ class ModelRunner:
         self.token_to_kv_pool.v_buffer.clear()
 
     def sync_sampled(self, next_token_ids: torch.Tensor) -> torch.Tensor:
-        """[B] sampled ids → TP rank 0's ids on every rank (in place): ranks must agree on
-        every token or their schedules drift apart."""
-        return self.groups.tp.broadcast(next_token_ids)
+        """[B] sampled ids → attention-TP rank 0's ids on every rank of this DP rank (in
+        place): ranks that schedule together must agree on every token or drift apart."""
+        return self.groups.attn_tp.broadcast(next_token_ids)
 
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
-        self.attn_backend.init_forward_metadata(forward_batch)
+        if not forward_batch.forward_mode.is_idle():
+            self.attn_backend.init_forward_metadata(forward_batch)
         with torch.inference_mode():
             out: LogitsProcessorOutput = self.model(
                 forward_batch.input_ids, forward_batch.positions, forward_batch

@@ -4,9 +4,11 @@ Qwen3 adds per-head q/k RMSNorm, both switched by ModelConfig fields rather than
 Parameter names follow HF checkpoints except the fused `qkv_proj` and `gate_up_proj`, which
 `load_weights` fills shard by shard. Under tensor parallelism (`groups.tp`) q/k/v and gate/up
 are column-parallel, o_proj and down_proj row-parallel, embedding and LM head vocab-parallel;
-each layer copies only its rank's slice of a checkpoint tensor. One RotaryEmbedding (cos/sin
-tables) serves all layers: `LlamaModel` gathers the batch's rows once per forward and hands
-them to every layer.
+each layer copies only its rank's slice of a checkpoint tensor. Under DP attention
+(`groups.dp_attention`) attention, embedding and LM head are split over the attention-TP group
+(this DP rank's ranks) and the MLP over the whole TP group, between `dp_gather` /
+`dp_scatter`. One RotaryEmbedding (cos/sin tables) serves all layers: `LlamaModel` gathers the
+batch's rows once per forward and hands them to every layer.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import nn
 from radixserve.engine.configs.model_config import ModelConfig
 from radixserve.engine.distributed import GroupHandle, ParallelGroups
 from radixserve.engine.layers.activation import SiluAndMul
+from radixserve.engine.layers.dp_attention import dp_gather, dp_scatter
 from radixserve.engine.layers.layernorm import RMSNorm
 from radixserve.engine.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from radixserve.engine.layers.parallel_linear import (
@@ -115,13 +118,13 @@ class LlamaDecoderLayer(nn.Module):
         self,
         config: ModelConfig,
         layer_id: int,
-        tp: GroupHandle | None = None,
+        groups: ParallelGroups | None = None,
         make_mlp: MlpFactory = dense_mlp,
     ) -> None:
         super().__init__()
-        tp = tp or GroupHandle.single()
-        self.self_attn = LlamaAttention(config, layer_id, tp)
-        self.mlp = make_mlp(config, layer_id, tp)
+        self.groups = groups or ParallelGroups.single()
+        self.self_attn = LlamaAttention(config, layer_id, self.groups.attn_tp)
+        self.mlp = make_mlp(config, layer_id, self.groups.tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -133,20 +136,32 @@ class LlamaDecoderLayer(nn.Module):
         forward_batch: ForwardBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(rope, hidden, forward_batch)
+        if not forward_batch.forward_mode.is_idle():  # an IDLE rank has no tokens to attend
+            hidden = self.self_attn(rope, hidden, forward_batch)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        meta = forward_batch.dp_meta
+        if meta is None:
+            return self.mlp(hidden), residual
+        # DP attention: the MLP runs over every DP rank's tokens at once (whole TP group)
+        out = dp_scatter(self.mlp(dp_gather(hidden, meta, self.groups)), meta)
+        return out, residual
 
 
 class LlamaModel(nn.Module):
     def __init__(
-        self, config: ModelConfig, tp: GroupHandle | None = None, make_mlp: MlpFactory = dense_mlp
+        self,
+        config: ModelConfig,
+        groups: ParallelGroups | None = None,
+        make_mlp: MlpFactory = dense_mlp,
     ) -> None:
         super().__init__()
-        tp = tp or GroupHandle.single()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        groups = groups or ParallelGroups.single()
+        self.hidden_size = config.hidden_size
+        self.embed_tokens = VocabParallelEmbedding(
+            config.vocab_size, config.hidden_size, groups.attn_tp
+        )
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, tp, make_mlp) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, i, groups, make_mlp) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         c = config
@@ -157,7 +172,11 @@ class LlamaModel(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
+        if forward_batch.forward_mode.is_idle():
+            weight = self.norm.weight
+            hidden = weight.new_empty((0, self.hidden_size))
+        else:
+            hidden = self.embed_tokens(input_ids)
         rope = self.rotary_emb.cos_sin(positions, hidden.dtype)
         residual: torch.Tensor | None = None
         for layer in self.layers:
@@ -171,10 +190,11 @@ class LlamaForCausalLM(CausalLM):
         super().__init__()
         self.config = config
         groups = groups or ParallelGroups.single()
-        tp = groups.tp
-        self.model = LlamaModel(config, tp, self.mlp_factory(groups))
+        self.model = LlamaModel(config, groups, self.mlp_factory(groups))
         tie = self.model.embed_tokens if config.tie_word_embeddings else None
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp, tie)
+        # Under DP attention each DP rank samples its own requests: the LM head is split over
+        # its attention-TP group, as the embedding (without DP attention that is the TP group).
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, groups.attn_tp, tie)
         self.logits_processor = LogitsProcessor()
 
     def mlp_factory(self, groups: ParallelGroups) -> MlpFactory:
@@ -191,6 +211,8 @@ class LlamaForCausalLM(CausalLM):
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
     ) -> LogitsProcessorOutput:
         hidden = self.model(input_ids, positions, forward_batch)
+        if forward_batch.forward_mode.is_idle():
+            return LogitsProcessorOutput(hidden.new_empty((0, self.config.vocab_size)).float())
         out: LogitsProcessorOutput = self.logits_processor(hidden, self.lm_head, forward_batch)
         return out
 
