@@ -89,6 +89,23 @@ def test_kv_endpoints_from_named_ports() -> None:
     assert w.kv_override == (KVEndpoint(0, "tcp://10.1.2.3:6000", "tcp://10.1.2.3:7100"),)
 
 
+def test_every_dp_ranks_kv_ports_are_followed() -> None:
+    """The operator names rank r > 0's ports kv-events-<r> / kv-replay-<r>."""
+    ports = [
+        {"name": "http", "port": 8080},
+        {"name": "kv-events", "port": 5557},
+        {"name": "kv-replay", "port": 5558},
+        {"name": "kv-events-1", "port": 5559},
+        {"name": "kv-replay-1", "port": 5560},
+        {"name": "kv-events-3", "port": 5563},  # rank 2 is missing: rank 3 is not followed
+    ]
+    w = slice_workers(make_slice("s", [ep("10.1.2.3")], ports), CFG)["http://10.1.2.3:8080"]
+    assert w.kv_override == (
+        KVEndpoint(0, "tcp://10.1.2.3:5557", "tcp://10.1.2.3:5558"),
+        KVEndpoint(1, "tcp://10.1.2.3:5559", "tcp://10.1.2.3:5560"),
+    )
+
+
 def test_port_names_come_from_the_config() -> None:
     cfg = RouterConfig(k8s_service=SERVICE, k8s_http_port_name="api", k8s_kv_events_port_name="kv")
     ports = [

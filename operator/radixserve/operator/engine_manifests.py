@@ -58,11 +58,9 @@ def model_path(spec: InferenceServiceSpec) -> str:
 
 def kv_event_ports(dp: int) -> list[tuple[str, int]]:
     """(name, port) of the KV-event ports declared for `dp` DP ranks: rank r's events on
-    5557 + 2r and its replay on the next port (the engine publisher's `port_for_rank` rule).
-
-    NOTE: today's engine runs one rank (it refuses dp > 1 at start-up) and the router's
-    Kubernetes discovery follows only rank 0's `kv-events` / `kv-replay` ports.
-    """
+    5557 + 2r and its replay on the next port (the engine publisher's `port_for_rank` rule),
+    named `kv-events` / `kv-replay` for rank 0 and `kv-events-<r>` / `kv-replay-<r>` after it:
+    the router's Kubernetes discovery follows them by those names."""
     ports: list[tuple[str, int]] = []
     for rank in range(dp):
         suffix = f"-{rank}" if rank else ""

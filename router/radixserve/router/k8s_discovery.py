@@ -92,9 +92,7 @@ def slice_workers(slice_obj: Slice, cfg: RouterConfig) -> dict[str, DesiredWorke
         name = (slice_obj.get("metadata") or {}).get("name")
         logger.warning("EndpointSlice %s has no port named %r", name, cfg.k8s_http_port_name)
         return {}
-    # NOTE: DP rank 0 only; the operator's per-rank ports (kv-events-<r>) are not followed yet.
-    kv = _named_port(ports, cfg.k8s_kv_events_port_name)
-    replay = _named_port(ports, KV_REPLAY_PORT_NAME) or (kv + 1 if kv else None)
+    rank_ports = _kv_rank_ports(ports, cfg.k8s_kv_events_port_name)
     out: dict[str, DesiredWorker] = {}
     for endpoint in slice_obj.get("endpoints") or ():
         if not endpoint_ready(endpoint):
@@ -102,11 +100,30 @@ def slice_workers(slice_obj: Slice, cfg: RouterConfig) -> dict[str, DesiredWorke
         for address in endpoint.get("addresses") or ():
             host = _host(address)
             kv_override = None
-            if kv is not None:
-                kv_override = (KVEndpoint(0, f"tcp://{host}:{kv}", f"tcp://{host}:{replay}"),)
+            if rank_ports:
+                kv_override = tuple(
+                    KVEndpoint(rank, f"tcp://{host}:{kv}", f"tcp://{host}:{replay}")
+                    for rank, kv, replay in rank_ports
+                )
             url = f"http://{host}:{http}"
             out[url] = DesiredWorker(url, kv_override)
     return out
+
+
+def _kv_rank_ports(ports: list[Any], name: str) -> list[tuple[int, int, int]]:
+    """(dp_rank, events port, replay port) of every DP rank the slice names: rank 0 as
+    `kv-events` / `kv-replay`, rank r > 0 as `kv-events-<r>` / `kv-replay-<r>` (the operator's
+    names); a missing replay port is the events port + 1 (the engine's rule)."""
+    out = []
+    rank = 0
+    while True:
+        suffix = f"-{rank}" if rank else ""
+        kv = _named_port(ports, name + suffix)
+        if kv is None:
+            return out
+        replay = _named_port(ports, KV_REPLAY_PORT_NAME + suffix) or kv + 1
+        out.append((rank, kv, replay))
+        rank += 1
 
 
 def desired_workers(slices: Iterable[Slice], cfg: RouterConfig) -> dict[str, DesiredWorker]:
