@@ -9,6 +9,11 @@ header set to the tenant, so each tenant lives on exactly one replica. `--peer-r
 starts any other router (sglang-router, or an older radixserve) in front of the same replicas
 for the same traffic; `{worker_urls}` and `{port}` in the command are filled in.
 
+`--api openai` sends `/v1/completions` instead of `/generate` (for engines without it, such as
+vLLM); the cached ratio then comes from the engines' prefix-cache counters (vLLM's
+`vllm:prefix_cache_hits_total` / `_queries_total`), and, as such engines cannot be flushed,
+each router gets fresh tenants (seed + its row number).
+
 Decision cost: a router's selector with T targets each holding `--decision-cached-tokens`
 tokens in its mirror (fed through real KV events), timed over prompts that share prefixes.
 """
@@ -32,11 +37,12 @@ import httpx
 from radixserve.bench.report import print_table, write_json
 from radixserve.bench.router_decision import measure_decision
 from radixserve.bench.router_workload import (
+    APIS,
     ORDERS,
     SESSION_HEADER,
     TenantWorkload,
     build_requests,
-    engine_requests,
+    engine_counters,
     run_traffic,
 )
 
@@ -47,7 +53,7 @@ POLICY_FLAGS = MappingProxyType(
 )
 TABLE_COLUMNS = (
     "policy", "cached_ratio", "vs_pinned", "ok", "failed", "req_per_s", "median_ttft_ms",
-    "median_e2e_ms", "per_replica",
+    "median_e2e_ms", "per_replica", "cached_per_replica",
 )  # fmt: skip
 
 
@@ -74,6 +80,17 @@ def add_router_bench_parser(sub: Any) -> None:
     p.add_argument("--output-len", "--gsp-output-len", dest="output_len", type=int, default=8)
     p.add_argument("--order", choices=ORDERS, default="interleaved")
     p.add_argument("--prompt-form", choices=("text", "ids"), default="text")
+    p.add_argument(
+        "--api",
+        choices=APIS,
+        default="native",
+        help="openai: /v1/completions, cached tokens from the engines' counters",
+    )
+    p.add_argument(
+        "--router-args",
+        default="",
+        help="extra flags for our router, e.g. --tokenizer-path for vLLM workers",
+    )
     p.add_argument("--max-concurrency", type=int, default=6)
     p.add_argument("--vocab-size", type=int, default=49152)
     p.add_argument("--seed", type=int, default=1)
@@ -88,10 +105,11 @@ def add_router_bench_parser(sub: Any) -> None:
     p.set_defaults(handler=run_router_bench)
 
 
-def workload_of(args: argparse.Namespace) -> TenantWorkload:
+def workload_of(args: argparse.Namespace, row: int = 0) -> TenantWorkload:
+    seed = args.seed + (row if args.api == "openai" else 0)  # unflushable engines: new tenants
     return TenantWorkload(
         args.tenants, args.per_tenant, args.prefix_len, args.question_len, args.output_len,
-        args.order, args.prompt_form, args.seed, args.vocab_size,
+        args.order, args.prompt_form, seed, args.vocab_size,
     )  # fmt: skip
 
 
@@ -108,7 +126,7 @@ def router_command(args: argparse.Namespace, urls: list[str], policy: str) -> li
     flags = POLICY_FLAGS.get(policy, ["--policy", policy])
     return [
         _exe(), "router", "--port", str(args.router_port), "--worker-urls", *urls, *flags,
-        "--health-check-interval-s", "1",
+        "--health-check-interval-s", "1", *shlex.split(args.router_args),
     ]  # fmt: skip
 
 
@@ -143,13 +161,16 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 180) ->
     raise RuntimeError(f"{url} not ready after {timeout}s")
 
 
-def warm_up(url: str, timeout: float = 120) -> None:
+def warm_up(url: str, api: str = "native", timeout: float = 120) -> None:
     """One tiny request until the router answers it: every replica registered and healthy."""
     deadline = time.monotonic() + timeout
-    body = {"text": "hi", "sampling_params": {"max_new_tokens": 1}}
+    body: dict[str, Any] = {"text": "hi", "sampling_params": {"max_new_tokens": 1}}
+    path = "/generate"
+    if api == "openai":
+        path, body = "/v1/completions", {"prompt": "hi", "max_tokens": 1}
     while time.monotonic() < deadline:
         try:
-            if httpx.post(url + "/generate", json=body, timeout=60).status_code == 200:
+            if httpx.post(url + path, json=body, timeout=60).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -157,42 +178,52 @@ def warm_up(url: str, timeout: float = 120) -> None:
     raise RuntimeError(f"{url} answered no request after {timeout}s")
 
 
-def run_policy(args: argparse.Namespace, urls: list[str], policy: str) -> dict[str, Any]:
+def run_policy(
+    args: argparse.Namespace, urls: list[str], policy: str, row: int = 0
+) -> dict[str, Any]:
     router_url = f"http://127.0.0.1:{args.router_port}"
     proc = start_router(args, urls, policy)
     try:
         wait_ready(router_url, proc)
         time.sleep(2.0)  # let every replica pass its first health check
-        warm_up(router_url)
-        for u in urls:  # after the warm-up: every row starts from empty caches
-            httpx.post(u + "/flush_cache", timeout=30).raise_for_status()
-        time.sleep(1.0)  # the flush's AllBlocksCleared reaches the mirrors
-        reqs = build_requests(workload_of(args))
+        warm_up(router_url, args.api)
+        if args.api == "native":
+            for u in urls:  # after the warm-up: every row starts from empty caches
+                httpx.post(u + "/flush_cache", timeout=30).raise_for_status()
+            time.sleep(1.0)  # the flush's AllBlocksCleared reaches the mirrors
+        reqs = build_requests(workload_of(args, row))
         print(f"[bench] {policy}: {len(reqs)} requests, order {args.order}",
               file=sys.stderr, flush=True)  # fmt: skip
-        before = engine_requests(urls)
+        before = engine_counters(urls)
         results, duration = asyncio.run(
-            run_traffic(router_url, reqs, args.max_concurrency, policy == "pinned")
+            run_traffic(router_url, reqs, args.max_concurrency, policy == "pinned", args.api)
         )
-        after = engine_requests(urls)
+        after = engine_counters(urls)
     finally:
         proc.terminate()
         proc.wait(20)
     ok = [r for r in results if r.ok]
+    delta = {k: [b[k] - a[k] for a, b in zip(before, after, strict=True)] for k in before[0]}
     prompt = sum(r.prompt_tokens for r in ok)
+    cached = sum(r.cached_tokens for r in ok)
+    if args.api == "openai":  # the engines' own prefix-cache counters over the row
+        prompt, cached = sum(delta["prompt"]), sum(delta["cached"])
     ttfts = sorted(r.ttft_s * 1000 for r in ok) or [0.0]
     e2es = sorted(r.latency_s * 1000 for r in ok) or [0.0]
     return {
         "policy": policy,
-        "cached_ratio": round(sum(r.cached_tokens for r in ok) / max(prompt, 1), 3),
+        "cached_ratio": round(cached / max(prompt, 1), 3),
         "ok": len(ok),
         "failed": len(results) - len(ok),
         "prompt_tokens": prompt,
         "req_per_s": len(ok) / duration,
         "median_ttft_ms": ttfts[len(ttfts) // 2],
         "median_e2e_ms": e2es[len(e2es) // 2],
-        "per_replica": "/".join(str(b - a) for a, b in zip(before, after, strict=True)),
+        "per_replica": "/".join(str(n) for n in delta["requests"]),
+        "cached_per_replica": "/".join(str(n) for n in delta["cached"]),
         "errors": sorted({r.error for r in results if r.error})[:5],
+        # in arrival order: tenant, prompt and cached tokens (JSON only, for per-tenant study)
+        "requests": [[r.tenant, r.prompt_tokens, r.cached_tokens] for r in results],
     }
 
 
@@ -237,7 +268,8 @@ def _run_workloads(args: argparse.Namespace) -> list[dict[str, Any]]:
         wait_ready_replicas(replicas)
         urls = [r.url for r in replicas]
     try:
-        rows = [run_policy(args, urls, p) for p in [*args.policies.split(","), *peer_names(args)]]
+        names = [*args.policies.split(","), *peer_names(args)]
+        rows = [run_policy(args, urls, p, i) for i, p in enumerate(names)]
     finally:
         stop_replicas(replicas)
     pinned = next((r["cached_ratio"] for r in rows if r["policy"] == "pinned"), None)

@@ -9,7 +9,9 @@ Arrival orders:
 - `bursty`: every request of one tenant, then the next tenant's (tenants in a seeded order), so
   a tenant's requests are in flight together and none of its prefix is cached yet.
 Text prompts go to `/generate` as `text` (every router can read them, sglang-router included);
-the engines' `meta_info` gives prompt and cached tokens. Runs in the benchmark's process only.
+the engines' `meta_info` gives prompt and cached tokens. With `api="openai"` they go to
+`/v1/completions` (vLLM has no `/generate`), and cached tokens come from the engines' own
+prefix-cache counters instead (`engine_counters`). Runs in the benchmark's process only.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import random
 import re
 import time
 from dataclasses import dataclass
-from typing import Literal
+from types import MappingProxyType
+from typing import Any, Literal
 
 import httpx
 
@@ -27,6 +30,7 @@ from radixserve.bench.serving import StreamRefused, sse_chunks
 from radixserve.logging_setup import progress_bar
 
 ORDERS = ("interleaved", "random", "bursty")
+APIS = ("native", "openai")
 Order = Literal["interleaved", "random", "bursty"]
 PromptForm = Literal["text", "ids"]
 SESSION_HEADER = "x-session-id"
@@ -102,24 +106,39 @@ def build_requests(cfg: TenantWorkload) -> list[TenantRequest]:
     return flat
 
 
-async def _send(
-    client: httpx.AsyncClient, url: str, req: TenantRequest, pinned: bool
-) -> TenantResult:
+def _body(req: TenantRequest, api: str) -> tuple[str, dict[str, Any]]:
+    if api == "openai":  # prompt as text or ids; usage in the last chunk
+        return "/v1/completions", {
+            "prompt": req.prompt, "max_tokens": req.output_len, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+        }  # fmt: skip
     key = "text" if isinstance(req.prompt, str) else "input_ids"
-    body = {
+    return "/generate", {
         key: req.prompt,
         "stream": True,
         "sampling_params": {"max_new_tokens": req.output_len, "temperature": 0, "ignore_eos": True},
     }
+
+
+def _take(res: TenantResult, chunk: dict[str, Any]) -> None:
+    """Prompt/cached tokens and success from one chunk of either API."""
+    meta = chunk.get("meta_info") or chunk.get("usage") or {}
+    res.prompt_tokens = int(meta.get("prompt_tokens") or res.prompt_tokens)
+    details = meta.get("prompt_tokens_details") or {}
+    res.cached_tokens = int(meta.get("cached_tokens") or details.get("cached_tokens") or 0)
+    res.ok = res.ok or int(meta.get("completion_tokens") or 0) > 0
+
+
+async def _send(
+    client: httpx.AsyncClient, url: str, req: TenantRequest, pinned: bool, api: str = "native"
+) -> TenantResult:
+    path, body = _body(req, api)
     headers = {SESSION_HEADER: f"tenant-{req.tenant}"} if pinned else None
     res, start = TenantResult(req.tenant), time.perf_counter()
     try:
-        async for chunk in sse_chunks(client, url + "/generate", body, headers):
-            meta = chunk.get("meta_info") or {}
+        async for chunk in sse_chunks(client, url + path, body, headers):
             res.ttft_s = res.ttft_s or time.perf_counter() - start
-            res.prompt_tokens = int(meta.get("prompt_tokens") or res.prompt_tokens)
-            res.cached_tokens = int(meta.get("cached_tokens") or 0)
-            res.ok = int(meta.get("completion_tokens") or 0) > 0
+            _take(res, chunk)
         res.latency_s = time.perf_counter() - start
     except StreamRefused as exc:
         res.error = str(exc)
@@ -129,7 +148,7 @@ async def _send(
 
 
 async def run_traffic(
-    url: str, reqs: list[TenantRequest], concurrency: int, pinned: bool
+    url: str, reqs: list[TenantRequest], concurrency: int, pinned: bool, api: str = "native"
 ) -> tuple[list[TenantResult], float]:
     """Send `reqs` in order with at most `concurrency` in flight; results and seconds taken."""
     limit = asyncio.Semaphore(concurrency)
@@ -138,7 +157,7 @@ async def run_traffic(
 
         async def one(req: TenantRequest) -> TenantResult:
             async with limit:
-                res = await _send(client, url, req, pinned)
+                res = await _send(client, url, req, pinned, api)
             bar.update()
             return res
 
@@ -152,11 +171,27 @@ async def run_traffic(
         return list(results), time.perf_counter() - start
 
 
-def engine_requests(urls: list[str]) -> list[int]:
-    """Finished requests per engine (`radixserve:num_requests_total`), for the spread."""
+COUNTERS = MappingProxyType(
+    {  # name in our table → the engines' counter (radixserve's, then vLLM's)
+        "requests": ("radixserve:num_requests_total", "vllm:request_success_total"),
+        "prompt": ("radixserve:prompt_tokens_total", "vllm:prefix_cache_queries_total"),
+        "cached": ("radixserve:cached_tokens_total", "vllm:prefix_cache_hits_total"),
+    }
+)
+
+
+def _counter(text: str, names: tuple[str, ...]) -> int:
+    for name in names:
+        values = re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.e+]+)$", text, re.M)
+        if values:
+            return int(sum(float(v) for v in values))
+    return 0
+
+
+def engine_counters(urls: list[str]) -> list[dict[str, int]]:
+    """Per engine: finished requests, prompt tokens and prefix-cache hits from its /metrics."""
     out = []
     for u in urls:
         text = httpx.get(u + "/metrics", timeout=10).text
-        values = re.findall(r"^radixserve:num_requests_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)
-        out.append(int(sum(float(v) for v in values)))
+        out.append({k: _counter(text, names) for k, names in COUNTERS.items()})
     return out

@@ -9,6 +9,7 @@ Sticky sessions sit in front of the policy: a session keeps its target while it 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
@@ -18,6 +19,8 @@ from radixserve.router.mirror.index import CacheIndex, PrefixMatch
 from radixserve.router.policies import Policy, RouteRequest, TargetView
 from radixserve.router.targets import TargetKey
 from radixserve.router.workers import Worker, WorkerRegistry
+
+logger = logging.getLogger(__name__)
 
 MAX_SESSIONS = 100_000  # sticky-session table size; least recently used sessions go first
 NO_MATCH = PrefixMatch(0)
@@ -92,6 +95,8 @@ class Selector:
             self.sessions.move_to_end(session)
             if len(self.sessions) > MAX_SESSIONS:
                 self.sessions.popitem(last=False)
+        if logger.isEnabledFor(logging.DEBUG):
+            _log_decision(tokens, view, views)
         entry = self.index.on_routed(view.key, tokens) if tokens else None
         lease = Lease(
             self.registry.workers[view.key[0]],
@@ -112,3 +117,20 @@ class Selector:
             return None
         key = self.sessions[session]
         return next((v for v in views if v.key == key), None)
+
+
+def _log_decision(
+    tokens: Sequence[int] | None, chosen: TargetView, views: list[TargetView]
+) -> None:
+    """One DEBUG line per decision: which target, and what every target offered (cached,
+    arriving, load, mirror size); `head` names the prompt's first 32 tokens (a tenant)."""
+    head = hash(tuple(tokens[:32])) & 0xFFFFFF if tokens else 0
+    offered = " ".join(
+        f"{v.key[0]}#{v.key[1]}:c{v.cached_tokens}:i{v.inflight_tokens}:l{v.load}"
+        f":q{v.queued_tokens}:s{v.cache_size_tokens}"
+        for v in views
+    )
+    logger.debug(
+        "route target=%s#%d prompt=%d head=%06x views=%s",
+        chosen.key[0], chosen.key[1], len(tokens or ()), head, offered,
+    )  # fmt: skip
