@@ -114,7 +114,7 @@ def _kv_rank_ports(ports: list[Any], name: str) -> list[tuple[int, int, int]]:
     """(dp_rank, events port, replay port) of every DP rank the slice names: rank 0 as
     `kv-events` / `kv-replay`, rank r > 0 as `kv-events-<r>` / `kv-replay-<r>` (the operator's
     names); a missing replay port is the events port + 1 (the engine's rule)."""
-    out = []
+    out: list[tuple[int, int, int]] = []
     rank = 0
     while True:
         suffix = f"-{rank}" if rank else ""
