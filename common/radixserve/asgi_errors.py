@@ -10,6 +10,7 @@ Every response carries `X-Request-ID` (the client's, or a fresh id), and the id 
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from typing import Any
 
@@ -67,3 +68,89 @@ class InternalErrorMiddleware:
             body = internal_error_body(exc, rid)
             headers_out = {REQUEST_ID_HEADER.decode(): rid}
             await JSONResponse(body, status_code=500, headers=headers_out)(scope, receive, send)
+
+
+# ---- request body size ----------------------------------------------------------------------
+
+# Long-context prompts as token-id JSON are a few MB; 32 MiB leaves room for chat histories
+# and logit_bias maps while one request can no longer hold the server's memory hostage.
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+MAX_BODY_ENV = "RADIXSERVE_MAX_REQUEST_BODY_BYTES"
+
+
+def max_body_bytes_from_env() -> int:
+    """The body limit of this process: $RADIXSERVE_MAX_REQUEST_BODY_BYTES, else the default."""
+    raw = os.environ.get(MAX_BODY_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_BODY_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{MAX_BODY_ENV}: expected a positive integer, got {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"{MAX_BODY_ENV}: expected a positive integer, got {value}")
+    return value
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def body_too_large_body(limit: int) -> dict[str, Any]:
+    return {
+        "object": "error",
+        "message": f"body: the request body is larger than this server's limit of {limit} "
+        f"bytes (${MAX_BODY_ENV})",
+        "type": "RequestTooLargeError",
+        "param": "body",
+        "code": 413,
+    }
+
+
+class BodyLimitMiddleware:
+    """A request body over `max_bytes` is a JSON 413 naming the limit: at once when its
+    Content-Length says so, else as soon as the bytes read pass it (a chunked upload), so the
+    server never holds more than the limit of one body. Pure ASGI: disconnects still reach the
+    routes. Sits inside InternalErrorMiddleware, which then adds the request id."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_bytes:
+            await self._refuse(scope, receive, send)
+            return
+        seen = 0
+        started = False
+
+        async def counting_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _BodyTooLarge
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except _BodyTooLarge:
+            if started:  # a route that answered before reading its whole body: cut it
+                raise
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = body_too_large_body(self.max_bytes)
+        await JSONResponse(body, status_code=413, headers={"Connection": "close"})(
+            scope, receive, send
+        )

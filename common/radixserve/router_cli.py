@@ -6,6 +6,7 @@ import argparse
 import logging
 from typing import Any
 
+from radixserve.http_protocol import header_timeout_protocol
 from radixserve.logging_setup import RequestIdMiddleware, add_logging_args, status_line
 
 
@@ -35,6 +36,11 @@ def run_router(args: argparse.Namespace) -> int:
     app.add_middleware(RequestIdMiddleware)  # outermost: every record of a request has its id
     # log_config=None: uvicorn's records go to our root handler, in --log-format
     uvicorn.run(
-        app, host=config.host, port=config.port, log_level=args.log_level, log_config=None
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=args.log_level,
+        log_config=None,
+        http=header_timeout_protocol(),  # a connection that never sends its headers is closed
     )
     return 0

@@ -19,7 +19,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixserve.asgi_errors import InternalErrorMiddleware
+from radixserve.asgi_errors import (
+    BodyLimitMiddleware,
+    InternalErrorMiddleware,
+    max_body_bytes_from_env,
+)
 from radixserve.protocol.http_api import INFERENCE_BODIES, openapi_with_bodies
 from radixserve.router.admin import install_admin_routes
 from radixserve.router.auth import ClientKeyMiddleware
@@ -125,5 +129,6 @@ def create_app(config: RouterConfig) -> FastAPI:
     app.openapi = openapi_with_bodies(app.openapi, INFERENCE_BODIES)  # type: ignore[method-assign]
     if config.api_key:
         app.add_middleware(ClientKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes_from_env())
     app.add_middleware(InternalErrorMiddleware)  # a bug is a JSON 500 naming the request id
     return app

@@ -17,7 +17,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from radixserve.asgi_errors import InternalErrorMiddleware
+from radixserve.asgi_errors import (
+    BodyLimitMiddleware,
+    InternalErrorMiddleware,
+    max_body_bytes_from_env,
+)
 from radixserve.engine.entrypoints.request_builder import InvalidRequest
 
 logger = logging.getLogger(__name__)
@@ -26,6 +30,7 @@ _TYPES = {
     400: "BadRequestError",
     401: "AuthenticationError",
     404: "NotFoundError",
+    413: "RequestTooLargeError",
     503: "ServiceUnavailableError",
     500: "InternalServerError",
 }
@@ -95,4 +100,5 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(_describe(exc), 400)
 
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes_from_env())
     app.add_middleware(InternalErrorMiddleware)

@@ -38,6 +38,7 @@ from radixserve.engine.model_loader import ModelSource, load_model_files, resolv
 from radixserve.engine.model_loader.generation_defaults import sampling_defaults
 from radixserve.engine.model_loader.loader import load_tokenizer
 from radixserve.engine.sampling import SamplingParams
+from radixserve.http_protocol import header_timeout_protocol
 from radixserve.logging_setup import status_line
 
 logger = logging.getLogger(__name__)
@@ -186,6 +187,7 @@ def serve(args: ServerArgs) -> int:
             log_config=None,  # uvicorn's records go to our root handler, in --log-format
             access_log=False,
             timeout_graceful_shutdown=5,
+            http=header_timeout_protocol(),  # a connection that never sends its headers is closed
         )
         # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal.
         with contextlib.suppress(KeyboardInterrupt):
