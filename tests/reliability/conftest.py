@@ -19,10 +19,11 @@ CHAT_TEMPLATE = (
 )
 
 
-def save_tiny_checkpoint(folder: Path) -> Path:
+def save_tiny_checkpoint(folder: Path, kind: str = "llama") -> Path:
+    """A tiny random-weight `kind` model whose tokenizer has a chat template."""
     from tests.engine.models.tiny import save_tiny
 
-    save_tiny("llama", folder, seed=0)
+    save_tiny(kind, folder, seed=0)
     config_path = folder / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
     config["chat_template"] = CHAT_TEMPLATE

@@ -1,7 +1,11 @@
 """The manifests the operator writes really start a working stack.
 
-The example InferenceService `manifests/examples/smollm2-cpu.yaml` goes through the operator's
-own spec parser and builders. Then, as processes on 127.0.0.1:
+Two example InferenceServices go through the operator's own spec parser and builders:
+`manifests/examples/smollm2-cpu.yaml` as it is, and `manifests/examples/qwen3-moe-dp-ep.yaml`
+(DP attention + expert parallelism) with a tiny random-weight Qwen3-MoE made in the test in
+place of the 30B checkpoint (a hostPath source), on the CPU at tp=2, dp=2, ep=2 with one
+replica (the rendered `--enable-dp-attention`, per-rank KV-event ports and all). Then, as
+processes on 127.0.0.1:
 - each engine replica runs the engine container's command and args as rendered (only the
   port numbers are moved to free ones, and only where the args name the container's ports);
 - a Kubernetes API (kmock) serves the EndpointSlices the EndpointSlice controller would make
@@ -20,7 +24,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,21 +39,67 @@ from radixserve.operator.builders import build_children
 from radixserve.operator.config import OperatorConfig
 from radixserve.operator.meta import Owner
 from radixserve.operator.spec import parse_spec
-from tests.engine.server.live_server import free_port, free_port_pair
+from tests.engine.server.live_server import free_port, free_port_run
 from tests.router.test_k8s_discovery import SliceEmulator, write_kubeconfig
 
-EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "smollm2-cpu.yaml"
+EXAMPLES = Path(__file__).parents[2] / "manifests" / "examples"
 NAMESPACE = "llm"
 STARTUP_TIMEOUT_S = 300
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
 
 
-def rendered() -> dict[str, dict[str, Any]]:
-    doc = yaml.safe_load(EXAMPLE.read_text())
+@dataclass(frozen=True)
+class Case:
+    """One example InferenceService as the test runs it."""
+
+    example: str
+    model: str  # the served model name chat requests use
+    system: str  # a long system prompt the later turns find cached
+    questions: tuple[str, ...]
+    adapt: Callable[[dict[str, Any], Path], dict[str, Any]] | None = None  # spec → runnable here
+
+
+def tiny_moe_on_cpu(spec: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    """The DP-attention + EP example at a size this machine runs: a tiny Qwen3-MoE from a
+    hostPath, the CPU instead of 4 GPUs, tp=2 / dp=2 / ep=2, one replica, a small KV pool."""
+    from tests.reliability.conftest import save_tiny_checkpoint
+
+    folder = save_tiny_checkpoint(tmp / "qwen3-moe-tiny", "qwen3_moe")
+    engine = spec["engine"]
+    for key in ("device", "nodeSelector", "tolerations"):
+        engine.pop(key, None)
+    engine["replicas"] = 1
+    engine["resources"] = {"cpu": "1", "memory": "2Gi"}
+    engine["parallelism"] = {"tp": 2, "dp": 2, "ep": 2, "dpAttention": True}
+    engine["kvCache"] = {"pageSize": 16, "maxTotalTokens": 4096}
+    engine["scheduler"] = {**engine["scheduler"], "chunkedPrefillSize": 64}
+    return {**spec, "model": {**spec["model"], "source": {"hostPath": str(folder)}}}
+
+
+CASES = {
+    "smollm2": Case(
+        "smollm2-cpu.yaml",
+        "smollm2-135m",
+        "You are a terse assistant for a shipping company. " * 12,
+        ("Where is my parcel?", "Can I change the address?", "Do you ship abroad?"),
+    ),
+    "moe-dp-ep": Case(
+        "qwen3-moe-dp-ep.yaml",
+        "qwen3-30b-a3b",
+        " ".join(f"t{2 + i % 50}" for i in range(120)),  # the word-level tokenizer's words
+        ("t7 t8 t9", "t10 t11", "t12 t13 t14 t15"),
+        tiny_moe_on_cpu,
+    ),
+}
+
+
+def rendered(case: Case, tmp: Path) -> tuple[str, dict[str, dict[str, Any]]]:
+    doc = yaml.safe_load((EXAMPLES / case.example).read_text())
     name = doc["metadata"]["name"]
-    spec = parse_spec(doc["spec"], name)
+    raw = case.adapt(doc["spec"], tmp) if case.adapt is not None else doc["spec"]
+    spec = parse_spec(raw, name)
     children = build_children(Owner(name, NAMESPACE, "uid-1"), spec, OperatorConfig())
-    return {f"{c['kind']}/{c['metadata']['name']}": c for c in children}
+    return name, {f"{c['kind']}/{c['metadata']['name']}": c for c in children}
 
 
 def container(deployment: dict[str, Any]) -> dict[str, Any]:
@@ -162,26 +213,43 @@ class ApiServer:
         self._thread.join(10)
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    objs = rendered()
-    name = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
+def pod_ports(container_ports: dict[str, int]) -> dict[str, int]:
+    """Local ports for one engine pod's named container ports: http, then each DP rank's
+    kv-events / kv-replay pair at P + 2r / P + 2r + 1 (the engine's rule)."""
+    ranks = sum(1 for name in container_ports if name.startswith("kv-events"))
+    kv = free_port_run(2 * ranks)
+    out = {"http": free_port()}
+    for rank in range(ranks):
+        suffix = f"-{rank}" if rank else ""
+        out[f"kv-events{suffix}"], out[f"kv-replay{suffix}"] = kv + 2 * rank, kv + 2 * rank + 1
+        assert container_ports[f"kv-events{suffix}"] == container_ports["kv-events"] + 2 * rank
+        assert container_ports[f"kv-replay{suffix}"] == container_ports[f"kv-events{suffix}"] + 1
+    return out
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    case = CASES[request.param]
+    tmp = tmp_path_factory.mktemp("stack")
+    name, objs = rendered(case, tmp)
     engine_dep, router_dep = objs[f"Deployment/{name}-engine"], objs[f"Deployment/{name}-router"]
     engine_svc = objs[f"Service/{name}-engine"]
-    tmp = tmp_path_factory.mktemp("stack")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     env.pop("KUBERNETES_SERVICE_HOST", None)
     ec = container(engine_dep)
     ports = named_ports(ec)
     engines, pods = [], []
     for i in range(engine_dep["spec"]["replicas"]):
-        http, kv = free_port(), free_port_pair()
-        pod = {"http": http, "kv-events": kv, "kv-replay": kv + 1}
+        pod = pod_ports(ports)
         args = localize(
             ec["args"],
-            {"--port": (ports["http"], http), "--kv-events-port": (ports["kv-events"], kv)},
+            {
+                "--port": (ports["http"], pod["http"]),
+                "--kv-events-port": (ports["kv-events"], pod["kv-events"]),
+            },
         )
-        assert ports["kv-replay"] == ports["kv-events"] + 1  # the engine binds replay at +1
         pod_env = {**env, **{e["name"]: e["value"] for e in ec.get("env", []) if "value" in e}}
         engines.append(Proc([*ec["command"], *args], tmp / f"engine-{i}.log", pod_env))
         pods.append(pod)
@@ -201,7 +269,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             )
             try:
                 wait_for(f"http://127.0.0.1:{router_port}/readiness", router, 60)
-                yield {"engines": (ec, pods), "router": (rc, router_ports), "proc": router}
+                yield {
+                    "engines": (ec, pods),
+                    "router": (rc, router_ports),
+                    "proc": router,
+                    "case": case,
+                }
             finally:
                 router.stop()
     finally:
@@ -238,15 +311,50 @@ def test_router_found_every_engine_and_its_kv_events(stack: dict[str, Any]) -> N
         assert mirrors and 'mode="events"' in mirrors[0], metrics
 
 
+def test_the_engine_ran_the_rendered_layout(stack: dict[str, Any]) -> None:
+    """The engine serves with the parallel layout the operator rendered into its args."""
+    ec, pods = stack["engines"]
+    args = ec["args"]
+    for pod in pods:
+        info = httpx.get(f"http://127.0.0.1:{pod['http']}/server_info", timeout=10).json()
+        for flag, key in (
+            ("--tp-size", "tp_size"),
+            ("--dp-size", "dp_size"),
+            ("--ep-size", "ep_size"),
+        ):
+            want = int(args[args.index(flag) + 1]) if flag in args else 1
+            assert info[key] == want, (flag, info)
+        assert info["enable_dp_attention"] == ("--enable-dp-attention" in args)
+        assert len(info["kv_events"]) == info["dp_size"]
+
+
+def test_router_follows_every_dp_rank(stack: dict[str, Any]) -> None:
+    """One mirror per (engine, DP rank), each fed by events: the DP-attention pod's two DP
+    ranks publish on their own named ports and the router's discovery follows both."""
+    ec, pods = stack["engines"]
+    _, router_ports = stack["router"]
+    ranks = sum(1 for p in ec["ports"] if p["name"].startswith("kv-events"))
+    metrics = httpx.get(f"http://127.0.0.1:{router_ports['http']}/metrics").text
+    for pod in pods:
+        worker = f'worker="http://127.0.0.1:{pod["http"]}"'
+        mirrors = [
+            line for line in metrics.splitlines() if "mirror_tokens{" in line and worker in line
+        ]
+        assert len(mirrors) == ranks and all('mode="events"' in m for m in mirrors), metrics
+
+
 def test_chat_through_the_router_reuses_the_cache(stack: dict[str, Any]) -> None:
+    case: Case = stack["case"]
     _, router_ports = stack["router"]
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{router_ports['http']}/v1", api_key="none")
-    system = "You are a terse assistant for a shipping company. " * 12
     usages = []
-    for question in ("Where is my parcel?", "Can I change the address?", "Do you ship abroad?"):
+    for question in case.questions:
         out = client.chat.completions.create(
-            model="smollm2-135m",
-            messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
+            model=case.model,
+            messages=[
+                {"role": "system", "content": case.system},
+                {"role": "user", "content": question},
+            ],
             max_tokens=4,
             temperature=0,
         )

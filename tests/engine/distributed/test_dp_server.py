@@ -1,6 +1,7 @@
-"""`radixserve serve --tp-size 2 --dp-size 2 --ep-size 2` (all_to_all dispatch) on a tiny
-Qwen2-MoE, with `radixserve router` live in front of it — one shared set of processes (four
-scheduler ranks, the detokenizer, the router) for every check:
+"""`radixserve serve --tp-size 2 --dp-size 2 --enable-dp-attention --ep-size 2` (all_to_all
+dispatch) on a tiny Qwen2-MoE, with `radixserve router` live in front of it — one shared set of
+processes (two scheduler ranks in one world, each its own DP rank's attention, radix cache and
+scheduler, the MoE layers over both; the detokenizer; the router) for every check:
 
 - `/server_info` reports the layout and one KV-event endpoint per DP rank; `/get_load` one entry
   per rank; `/metrics` load gauges per `dp_rank`.
@@ -11,7 +12,8 @@ scheduler ranks, the detokenizer, the router) for every check:
   the other rank would report 0), and the router's mirror of each rank holds as many tokens as
   that rank's own cache.
 
-(DP attention is not built yet: the two DP ranks here are independent scheduling groups.)"""
+(`--dp-size` without DP attention runs the same controller, ports and events:
+test_dp_generate.py.)"""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import zmq
 
 from radixserve.protocol.kv_events import decode_batch
 from tests.engine.models.tiny import VOCAB, save_tiny
-from tests.engine.server.live_server import LiveServer, free_port_pair, live_server
+from tests.engine.server.live_server import LiveServer, free_port_run, live_server
 from tests.router.router_proc import Router, parse_metrics, router_proc, wait_for
 
 MIRROR_TOKENS = "radixserve_router_mirror_tokens"
@@ -37,8 +39,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer
     save_tiny("qwen2_moe", folder, seed=5)
     args = (
         "--model-path", str(folder), "--tp-size", "2", "--dp-size", "2", "--ep-size", "2",
+        "--enable-dp-attention",
         "--moe-a2a-backend", "all_to_all", "--dtype", "float32", "--max-total-tokens", "4096",
-        "--kv-events-port", str(_four_free_ports()),
+        "--kv-events-port", str(free_port_run(4)),
         "--skip-server-warmup",
     )  # fmt: skip
     with (
@@ -46,22 +49,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer
         router_proc([srv.base_url], healthy=1) as router,
     ):
         yield srv, router
-
-
-def _four_free_ports() -> int:
-    """P with P..P+3 free: rank 0 publishes on P (replay P+1), rank 1 on P+2 (replay P+3)."""
-    import socket
-
-    for _ in range(200):
-        base = free_port_pair()
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", base + 2))
-                b.bind(("127.0.0.1", base + 3))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no four free ports")
 
 
 def _ids(seed: int, n: int) -> list[int]:
@@ -81,6 +68,7 @@ def test_layout_is_reported_per_rank(stack: tuple[LiveServer, Router]) -> None:
     srv, _ = stack
     info = _get(srv, "/server_info")
     assert (info["tp_size"], info["dp_size"], info["ep_size"]) == (2, 2, 2)
+    assert info["enable_dp_attention"] is True
     assert [e["dp_rank"] for e in info["kv_events"]] == [0, 1]
     assert [r["dp_rank"] for r in info["dp_ranks"]] == [0, 1]
     assert [load["dp_rank"] for load in _get(srv, "/get_load")] == [0, 1]

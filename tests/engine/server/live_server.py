@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -25,15 +26,23 @@ def free_port() -> int:
 
 def free_port_pair() -> int:
     """A port P with P and P + 1 both free (a KV-event PUB port and its replay port)."""
-    for _ in range(100):
+    return free_port_run(2)
+
+
+def free_port_run(n: int) -> int:
+    """A port P with P .. P + n - 1 all free (DP rank r publishes on P + 2r, replays on the
+    next port)."""
+    for _ in range(200):
         port = free_port()
         try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 1))
+            with contextlib.ExitStack() as stack:
+                for k in range(1, n):
+                    s = stack.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", port + k))
         except OSError:
             continue
         return port
-    raise RuntimeError("no free port pair")
+    raise RuntimeError(f"no run of {n} free ports")
 
 
 @dataclass(frozen=True)
