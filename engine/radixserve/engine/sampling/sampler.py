@@ -65,11 +65,12 @@ class Sampler:
 
 
 def _greedy_fast_path(logits: torch.Tensor) -> SampleOutput:
-    """All rows greedy, nothing to apply: argmax, and the chosen log-prob as logit − logsumexp
-    (no [B, V] copy, no full log_softmax written out)."""
+    """All rows greedy, nothing to apply: one max pass gives the token (first maximum, as
+    argmax) and its logit m, so the chosen log-prob m − logsumexp is −log Σ exp(x − m): one
+    [B, V] temporary, no full log_softmax (on CPU, max-with-indices is ~2× argmax's speed)."""
     logits = logits.float()
-    next_ids = logits.argmax(dim=-1)
-    chosen = logits.gather(1, next_ids.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=-1)
+    top, next_ids = logits.max(dim=-1)
+    chosen = (logits - top.unsqueeze(1)).exp_().sum(dim=-1).log_().neg_()
     return SampleOutput(next_token_ids=next_ids, logprobs=chosen, top_logprobs=None)
 
 
