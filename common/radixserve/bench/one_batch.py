@@ -3,10 +3,14 @@
 
 B random prompts of `--input-len` tokens are prefilled in one EXTEND forward, then decoded
 greedily for `--output-len` steps, each a DECODE forward of the whole batch straight through
-the ModelRunner (no scheduler, no HTTP). Forward hooks time, per step: attention (the
-backend: KV write, gather, softmax), matmuls (every projection), LM head; sampling is timed
-around the Sampler; "other" is the rest of the forward (embedding, norms, rotary,
-activation, Python). CPU execution is synchronous, so host clocks measure the work itself.
+the ModelRunner (no scheduler, no HTTP). With `--prefix-len P` the B prompts first share a
+P-token prefix, prefilled once (its own row) and then mapped into every request's row as a
+radix-cache hit would be, so the prefill row is B extends over a cached prefix and decode
+reads the shared prefix's K/V (the serving benchmark's generated-shared-prefix workload).
+Forward hooks time, per step: attention (the backend: KV write, gather, softmax), matmuls
+(every projection), LM head; sampling is timed around the Sampler; "other" is the rest of
+the forward (embedding, norms, rotary, activation, Python). CPU execution is synchronous,
+so host clocks measure the work itself.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ def add_one_batch_parser(sub: Any) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--prefix-len", type=int, default=0, help="shared prefix (radix hit) tokens")
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--output-file", default="bench-results/one_batch.json")
@@ -154,36 +159,63 @@ def _pool_tokens(batch: int, seq: int, page: int) -> int:
     return batch * -(-seq // page) * page + 2 * page
 
 
+def _greedy_info(runner: Any, prompts: list[list[int]], n_out: int, vocab: int) -> Any:
+    from radixserve.engine.sampling import SamplingBatchInfo, SamplingParams, SamplingRow
+
+    params = SamplingParams(temperature=0.0, max_new_tokens=n_out)
+    rows = [SamplingRow(params, p, [], frozenset(), None) for p in prompts]
+    return SamplingBatchInfo.build(rows, vocab, runner.device)
+
+
+def _shared_prefix(
+    runner: Any, timer: StageTimer, rows: list[int], tokens: list[int], vocab: int
+) -> dict[str, Any]:
+    """Prefill `tokens` in the first row, then map its slots into every other row (as a
+    radix-cache hit does: the same KV slots, no copy)."""
+    from radixserve.engine.model_executor.forward_batch import ForwardMode
+
+    n = len(tokens)
+    reqs = {"rows": rows[:1], "prefix": [0], "extend": [n], "input_ids": tokens}
+    info = _greedy_info(runner, [tokens], 1, vocab)
+    out = _step(runner, timer, _batch(runner, ForwardMode.EXTEND, reqs), info, "shared prefix")
+    pool = runner.req_to_token_pool
+    slots = pool.req_to_token[rows[0], :n].clone()
+    for r in rows[1:]:
+        pool.write(r, 0, slots)
+    return out
+
+
 def run_one_batch(args: argparse.Namespace) -> int:
     from radixserve.engine import EngineCore
     from radixserve.engine.model_executor.forward_batch import ForwardMode
-    from radixserve.engine.sampling import SamplingBatchInfo, SamplingParams, SamplingRow
 
-    bs, n_in, n_out = args.batch_size, args.input_len, args.output_len
+    bs, n_in, n_out, n_pre = args.batch_size, args.input_len, args.output_len, args.prefix_len
+    if n_pre % args.page_size:
+        raise SystemExit("--prefix-len must be a multiple of --page-size (whole pages are shared)")
     print(f"[bench] loading {args.model_path} …", file=sys.stderr, flush=True)
     engine = EngineCore(
         model_path=args.model_path,
         dtype=args.dtype,
         attention_backend=args.attention_backend,
         page_size=args.page_size,
-        max_total_tokens=_pool_tokens(bs, n_in + n_out, args.page_size),
+        max_total_tokens=_pool_tokens(bs, n_in + n_out, args.page_size) + n_pre,
         disable_overlap_schedule=True,
     )
     runner, vocab = engine.runner, engine.model_config.vocab_size
     rng = random.Random(args.seed)
     prompts = [[rng.randrange(vocab) for _ in range(n_in)] for _ in range(bs)]
     rows = runner.req_to_token_pool.alloc(bs)
-    params = SamplingParams(temperature=0.0, max_new_tokens=n_out)
-    info = SamplingBatchInfo.build(
-        [SamplingRow(params, p, [], frozenset(), None) for p in prompts], vocab, runner.device
-    )
+    info = _greedy_info(runner, prompts, n_out, vocab)
     timer = StageTimer(runner.model)
-    reqs = {"rows": rows, "prefix": [0] * bs, "extend": [n_in] * bs}
+    shared = [rng.randrange(vocab) for _ in range(n_pre)]
+    pre = _shared_prefix(runner, timer, rows, shared, vocab) if n_pre else None
+    reqs = {"rows": rows, "prefix": [n_pre] * bs, "extend": [n_in] * bs}
     reqs["input_ids"] = [t for p in prompts for t in p]
     first = _step(runner, timer, _batch(runner, ForwardMode.EXTEND, reqs), info, "prefill")
     decode_rows, ids = [], first["ids"]
     for i in iter_progress(range(n_out - 1), "one-batch decode", unit="step"):
-        reqs = {"rows": rows, "prefix": [n_in + i] * bs, "extend": [1] * bs, "input_ids": ids}
+        start = n_pre + n_in + i
+        reqs = {"rows": rows, "prefix": [start] * bs, "extend": [1] * bs, "input_ids": ids}
         out = _step(runner, timer, _batch(runner, ForwardMode.DECODE, reqs), info, "decode")
         decode_rows.append(out["row"])
         ids = out["ids"]
@@ -191,7 +223,8 @@ def run_one_batch(args: argparse.Namespace) -> int:
     engine.shutdown()
     table = [first["row"], _mean_rows(decode_rows, "decode (mean/step)")]
     settings = engine.server_args.effective_settings()
-    print_table(f"one batch: B={bs} in={n_in} out={n_out} ({settings})", table, COLUMNS)
+    title = f"one batch: B={bs} prefix={n_pre} in={n_in} out={n_out} ({settings})"
+    print_table(title, ([pre["row"]] if pre else []) + table, COLUMNS)
     decode_ms = table[1]["ms"]
     summary = {
         "prefill_tok_per_s": bs * n_in / (table[0]["ms"] / 1000),
@@ -207,6 +240,7 @@ def run_one_batch(args: argparse.Namespace) -> int:
             "benchmark": "one-batch",
             "settings": settings,
             "args": {k: v for k, v in vars(args).items() if k != "handler"},
+            "shared_prefix": pre["row"] if pre else None,
             "prefill": table[0],
             "decode_mean": table[1],
             "decode_steps": decode_rows,
