@@ -1,0 +1,256 @@
+"""Operator faults against the emulated API server (kmock, as tests/operator uses it), with the
+operator's real handlers run by kopf:
+
+- the operator killed in the middle of a reconcile (its task cancelled while one of its
+  creates hangs on the API server) and a new one started: it converges, and every child
+  exists once, owned by the InferenceService, with nothing else left behind;
+- the API server answering calls on the children with 500, 409, a dropped connection or a
+  slow answer, in turn, and ending every watch with a 410 (Expired) event: the operator
+  retries at a bounded rate (no hot loop), the status never claims more than the children
+  show, and it converges once the faults stop.
+
+The fault layer is a subclass of the test emulator that decides, per request, to answer with
+kmock's own Kubernetes error object, to close the connection, or to wait first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import attrs
+import kmock
+import kopf
+import pytest
+from kmock._internal import enums, rendering
+
+from radixserve.operator.config import OperatorConfig
+from radixserve.operator.handlers import register
+from tests.operator.cases import SMOLLM_CPU
+from tests.operator.emulator import ApiServer
+from tests.operator.test_operator_kmock import (
+    CHILDREN,
+    DEPLOYMENTS,
+    ISVCS,
+    NS,
+    Cluster,
+    condition,
+    eventually,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+Fault = Callable[[rendering.Request], Any]  # returns None (no fault) or an awaitable fault
+
+
+@attrs.define(kw_only=True)
+class FaultyApiServer(ApiServer):
+    """The emulator, with `fault(request)` consulted before each request is served."""
+
+    fault: Fault | None = attrs.field(default=None)
+    faults_served: int = attrs.field(default=0, init=False)
+
+    expire_watches: bool = attrs.field(default=False)
+    watches_expired: int = attrs.field(default=0, init=False)
+
+    async def _handle(self, request: rendering.Request) -> Any:
+        action = self.fault(request) if self.fault is not None else None
+        if action is not None:
+            self.faults_served += 1
+            await action
+        return await super()._handle(request)
+
+    async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[Any]:
+        """While `expire_watches`, a watch ends at once with kube-apiserver's 410 event (too
+        old a resourceVersion), which the client must answer with a fresh list."""
+        if not self.expire_watches:
+            async for item in super()._serve_watch(request):
+                yield item
+            return
+        self.watches_expired += 1
+        yield b""
+        status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410}
+        status |= {"reason": "Expired", "message": "too old resource version"}
+        yield {"type": "ERROR", "object": status}
+
+
+async def _error(status: int, reason: str) -> None:
+    raise kmock.KubernetesError(status=status, reason=reason, message=f"injected {status}")
+
+
+async def _drop(request: rendering.Request) -> None:
+    raw = request._raw_request
+    if raw is not None and raw.transport is not None:
+        raw.transport.close()  # the client sees the connection reset, no answer
+    raise kmock.KubernetesError(status=503, reason="Dropped", message="connection dropped")
+
+
+async def _hang_until(release: asyncio.Event) -> None:
+    await release.wait()
+    raise kmock.KubernetesError(status=503, reason="Dropped", message="the caller is gone")
+
+
+@contextlib.asynccontextmanager
+async def embedded_operator(api: ApiServer) -> AsyncIterator[asyncio.Task[Any]]:
+    """One operator process's worth of kopf against `api` (stopped gracefully at the end,
+    unless the test cancels the task itself: a crash)."""
+    url = str(api.url).rstrip("/")
+    registry = kopf.OperatorRegistry()
+
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=url)
+
+    register(registry, OperatorConfig(resync_seconds=0.5), login=login)
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(
+        kopf.operator(
+            registry=registry, clusterwide=True, standalone=True, stop_flag=stop, ready_flag=ready
+        )
+    )
+    await asyncio.wait_for(ready.wait(), 10)
+    try:
+        yield task
+    finally:
+        if not task.done():
+            stop.set()
+            await asyncio.wait_for(task, 20)
+
+
+KINDS = [
+    f"/api/v1/namespaces/{NS}/serviceaccounts",
+    f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/roles",
+    f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/rolebindings",
+    f"/api/v1/namespaces/{NS}/services",
+    DEPLOYMENTS,
+]
+
+
+async def _all_children(k8s: Cluster) -> dict[str, dict[str, Any]]:
+    """Every object of the children's kinds in the namespace, by path (a `kubectl get`)."""
+    out = {}
+    for kind in KINDS:
+        listing = await k8s.get(kind)
+        for item in (listing or {}).get("items") or []:
+            out[f"{kind}/{item['metadata']['name']}"] = item
+    return out
+
+
+async def _converged(k8s: Cluster, uid: str) -> None:
+    """Every child once, owned by `uid` alone, nothing else; then Ready once pods are."""
+
+    async def complete() -> bool:
+        return set(await _all_children(k8s)) == set(CHILDREN)
+
+    await eventually(complete, "exactly the children", timeout=30)
+    for path, child in (await _all_children(k8s)).items():
+        owners = child["metadata"].get("ownerReferences") or []
+        assert [o["uid"] for o in owners] == [uid], (path, owners)
+    await k8s.set_ready("chat-engine", 2)
+    await k8s.set_ready("chat-router", 2)
+
+    async def ready() -> bool:
+        isvc = await k8s.get(f"{ISVCS}/chat")
+        status = (isvc or {}).get("status") or {}
+        return condition(isvc, "Ready").get("status") == "True" and status.get(
+            "observedGeneration"
+        ) == (isvc or {}).get("metadata", {}).get("generation")
+
+    await eventually(ready, "Ready=True at the current generation", timeout=30)
+
+
+def _is(request: rendering.Request, action: Any, path_end: str) -> bool:
+    return request.action == action and request.url.path.endswith(path_end)
+
+
+def test_operator_killed_mid_reconcile_and_restarted_converges_without_duplicates() -> None:
+    release = asyncio.Event()
+    hung = asyncio.Event()
+
+    def fault(request: rendering.Request) -> Any:
+        # The engine Deployment's create hangs: the operator is mid-reconcile, some children
+        # made, some not, when it dies.
+        data = request.data if isinstance(request.data, dict) else {}
+        engine = (data.get("metadata") or {}).get("name") == "chat-engine"
+        if _is(request, enums.action.CREATE, "/deployments") and engine and not release.is_set():
+            hung.set()
+            return _hang_until(release)
+        return None
+
+    async def scenario() -> None:
+        async with FaultyApiServer(fault=fault) as api, kmock.Server(api):
+            api.declare_resources()
+            k8s = Cluster(api)
+            async with embedded_operator(api) as first:
+                isvc = await k8s.create("chat", SMOLLM_CPU)
+                await asyncio.wait_for(hung.wait(), 15)
+                made = set(await _all_children(k8s))
+                assert made and made < set(CHILDREN), made  # really in the middle
+                first.cancel()  # a crash: no graceful stop, no cleanup handlers
+                with contextlib.suppress(asyncio.CancelledError):
+                    await first
+            release.set()  # the hung create fails now (its caller is gone)
+            async with embedded_operator(api):
+                await _converged(k8s, isvc["metadata"]["uid"])
+
+    asyncio.run(scenario())
+
+
+FAULT_WINDOW_S = 4.0
+
+
+def test_api_faults_are_retried_with_backoff_status_stays_honest_and_it_converges() -> None:
+    faults_on = asyncio.Event()
+    kinds = [
+        lambda r: _error(500, "InternalError"),
+        lambda r: _error(409, "Conflict"),
+        lambda r: _drop(r),
+        lambda r: asyncio.sleep(1.5),  # a slow answer
+    ]
+    seen: list[int] = []
+
+    def fault(request: rendering.Request) -> Any:
+        if (
+            not faults_on.is_set()
+            or request.url.path.startswith(ISVCS)
+            and (request.action == enums.action.CREATE)
+        ):
+            return None
+        if request.resource is None or not request.url.path.startswith(
+            ("/api/v1/namespaces", "/apis/apps", "/apis/rbac")
+        ):
+            return None
+        if request.action not in (enums.action.CREATE, enums.action.UPDATE, enums.action.FETCH):
+            return None
+        seen.append(len(seen))
+        return kinds[len(seen) % len(kinds)](request)
+
+    async def scenario() -> None:
+        async with FaultyApiServer(fault=fault) as api, kmock.Server(api):
+            api.declare_resources()
+            k8s = Cluster(api)
+            async with embedded_operator(api):
+                faults_on.set()
+                api.expire_watches = True
+                isvc = await k8s.create("chat", SMOLLM_CPU)
+                # While every call to a child fails one way or another, the status must not
+                # say more than is true, and the operator must not spin.
+                deadline = asyncio.get_running_loop().time() + FAULT_WINDOW_S
+                while asyncio.get_running_loop().time() < deadline:
+                    now = await k8s.get(f"{ISVCS}/chat")
+                    assert condition(now, "Ready").get("status") != "True", now
+                    await asyncio.sleep(0.2)
+                tried = len(seen)
+                assert tried >= 3, "the operator gave up instead of retrying"
+                # resync every 0.5 s and kopf's 5 s backoff: a few dozen calls, not thousands
+                assert tried < 200, f"{tried} faulty calls in {FAULT_WINDOW_S} s: a hot loop"
+                faults_on.clear()
+                api.expire_watches = False
+                await _converged(k8s, isvc["metadata"]["uid"])
+            print(
+                f"operator faults: {tried} calls failed and {api.watches_expired} watches "
+                f"expired in {FAULT_WINDOW_S} s, then converged"
+            )
+
+    asyncio.run(scenario())
