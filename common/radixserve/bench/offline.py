@@ -1,8 +1,11 @@
-"""`radixserve bench offline`: the in-process Engine on the generated-shared-prefix workload,
-with the radix cache on and off (SGLang's bench_offline_throughput, GSP dataset).
+"""`radixserve bench offline`: the Engine on the generated-shared-prefix workload, with the
+radix cache on and off (SGLang's bench_offline_throughput, GSP dataset).
 
 All requests are submitted at once; reported: request and token throughput, and the cache
-hit rate Σ cached_tokens / Σ prompt_tokens from each request's meta_info.
+hit rate Σ cached_tokens / Σ prompt_tokens from each request's meta_info. One process
+(`EngineCore`, weights loaded once for every mode) at tp = dp = 1; any other layout
+(`--tp-size/--dp-size/--ep-size/--enable-dp-attention`) runs the multi-process `Engine`, one
+start per mode. The table names the layout of each row.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from types import MappingProxyType
 from typing import Any
@@ -28,6 +31,7 @@ MODES: Mapping[str, dict[str, bool]] = MappingProxyType(
 )
 COLUMNS = (
     "config",
+    "layout",
     "requests",
     "input_tok",
     "output_tok",
@@ -53,6 +57,11 @@ def add_offline_parser(sub: Any) -> None:
     p.add_argument("--schedule-policy", default="fcfs")
     p.add_argument("--chunked-prefill-size", type=int, default=None)
     p.add_argument("--max-total-tokens", type=int, default=65536)
+    p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument("--dp-size", type=int, default=1)
+    p.add_argument("--ep-size", type=int, default=1)
+    p.add_argument("--enable-dp-attention", action="store_true")
+    p.add_argument("--moe-a2a-backend", default="none", choices=("none", "all_to_all"))
     p.add_argument(
         "--modes",
         default="cache,nocache,cache-no-overlap",
@@ -86,36 +95,83 @@ def _run_once(engine: Any, reqs: list[Any]) -> dict[str, Any]:
     }
 
 
-def run_offline(args: argparse.Namespace) -> int:
-    from radixserve.engine import EngineCore as Engine  # torch: only for engine benchmarks
+def _layout(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "tp_size": args.tp_size,
+        "dp_size": args.dp_size,
+        "ep_size": args.ep_size,
+        "enable_dp_attention": args.enable_dp_attention,
+        "moe_a2a_backend": args.moe_a2a_backend,
+    }
 
+
+def layout_name(layout: Mapping[str, Any]) -> str:
+    """e.g. `tp2 dp2 ep2 dp-attn a2a=all_to_all`, or `tp1` for one process."""
+    parts = [f"tp{layout['tp_size']}"]
+    parts += [f"{k[:2]}{layout[k]}" for k in ("dp_size", "ep_size") if layout[k] != 1]
+    if layout["enable_dp_attention"]:
+        parts.append("dp-attn")
+    if layout["ep_size"] != 1:
+        parts.append(f"a2a={layout['moe_a2a_backend']}")
+    return " ".join(parts)
+
+
+def _engines(args: argparse.Namespace, modes: list[str]) -> Iterator[tuple[str, Any]]:
+    """(mode, engine) for each mode; the caller shuts each engine down."""
+    common = {
+        "model_path": args.model_path,
+        "dtype": args.dtype,
+        "max_total_tokens": args.max_total_tokens,
+        "schedule_policy": args.schedule_policy,
+        "chunked_prefill_size": args.chunked_prefill_size,
+    }
+    layout = _layout(args)
+    if layout["tp_size"] == layout["dp_size"] == 1:
+        from radixserve.engine import EngineCore  # torch: only for engine benchmarks
+
+        base = EngineCore(**common)
+        for mode in modes:
+            yield mode, base.with_args(**MODES[mode])
+        return
+    from radixserve.engine import Engine
+
+    for mode in modes:
+        yield mode, Engine(**common, **layout, **MODES[mode])
+
+
+def _vocab_size(engine: Any) -> int:
+    config = getattr(engine, "model_config", None)  # EngineCore
+    if config is not None:
+        return int(config.vocab_size)
+    return int(engine.state.limits.vocab_size)  # the multi-process Engine
+
+
+def run_offline(args: argparse.Namespace) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise ValueError(f"--modes: unknown {bad}; choose from {sorted(MODES)}")
-    print(f"[bench] loading {args.model_path} …", file=sys.stderr, flush=True)
-    base = Engine(
-        model_path=args.model_path, dtype=args.dtype, max_total_tokens=args.max_total_tokens
-    )
-    gsp = gsp_from_args(args, base.model_config.vocab_size)
-    reqs = generated_shared_prefix(gsp)
+    layout = layout_name(_layout(args))
+    print(f"[bench] loading {args.model_path} ({layout}) …", file=sys.stderr, flush=True)
     rows = []
-    for mode in iter_progress(modes, "bench offline", unit="mode"):
-        engine = base.with_args(
-            **MODES[mode],
-            schedule_policy=args.schedule_policy,
-            chunked_prefill_size=args.chunked_prefill_size,
-        )
-        engine.generate(input_ids=[[1, 2, 3]], sampling_params={"max_new_tokens": 2})  # warm-up
-        print(f"[bench] running {len(reqs)} requests, mode {mode} …", file=sys.stderr, flush=True)
-        rows.append({"config": mode, **_run_once(engine, reqs)})
-        engine.shutdown()
+    engines = _engines(args, modes)
+    gsp = None
+    for mode, engine in iter_progress(engines, "bench offline", unit="mode"):
+        try:
+            gsp = gsp_from_args(args, _vocab_size(engine))
+            reqs = generated_shared_prefix(gsp)
+            engine.generate(input_ids=[[1, 2, 3]], sampling_params={"max_new_tokens": 2})
+            print(f"[bench] running {len(reqs)} requests, mode {mode} …", file=sys.stderr)
+            rows.append({"config": mode, "layout": layout, **_run_once(engine, reqs)})
+        finally:
+            engine.shutdown()
     print_table("offline throughput (generated-shared-prefix)", rows, COLUMNS)
     write_json(
         args.output_file,
         {
             "benchmark": "offline",
-            "workload": asdict(gsp),
+            "workload": asdict(gsp) if gsp is not None else None,
+            "layout": _layout(args),
             "schedule_policy": args.schedule_policy,
             "chunked_prefill_size": args.chunked_prefill_size,
             "dtype": args.dtype,
