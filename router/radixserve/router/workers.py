@@ -203,6 +203,11 @@ class WorkerRegistry:
             by_rank = {e.dp_rank: e for e in worker.kv_endpoints}
             for key in worker.targets():
                 self.index.add_target(key, worker.page_size, by_rank.get(key[1]))
+            # Route only once the mirrors hold what the replica caches now (a router that
+            # restarts beside warm replicas); bounded, as a replay that never answers is one.
+            wait = self.index.replay_timeout_s + 1
+            if not await self.index.wait_synced(worker.targets(), wait):
+                logger.warning("worker %s: KV-event replay not done after %.0fs", worker.url, wait)
             worker.healthy = worker.ever_healthy = True
             worker.not_ready = None
             worker.breaker.reset()

@@ -11,6 +11,7 @@ are only touched between awaits.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -143,6 +144,22 @@ class CacheIndex:
         target = self._targets.pop(key, None)
         if target is not None and target.subscriber is not None:
             await target.subscriber.aclose()
+
+    async def wait_synced(self, keys: Iterable[TargetKey], timeout_s: float) -> bool:
+        """Wait until every events target among `keys` has applied its replica's replay buffer
+        (or its subscriber gave up); False when `timeout_s` passed first."""
+        waits = [
+            t.subscriber.synced.wait()
+            for key in keys
+            if (t := self._targets.get(key)) is not None and t.subscriber is not None
+        ]
+        if not waits or not self._started:
+            return True
+        try:
+            await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     def keys(self) -> list[TargetKey]:
         return list(self._targets)

@@ -76,6 +76,9 @@ class KVEventSubscriber:
         self._reconnected = False
         self._task: asyncio.Task[None] | None = None
         self._last_yield = 0.0
+        # set once the replay buffer taken at connect is applied (or the task ended): the
+        # owner waits for it before routing to the target (see WorkerRegistry.mark_healthy)
+        self.synced = asyncio.Event()
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -117,6 +120,7 @@ class KVEventSubscriber:
                 logger.error("KV events %s: cannot connect: %s", self.name, exc)
                 return
             await self._initial_sync()
+            self.synced.set()
             while True:
                 frames = await sub.recv_multipart()
                 await self._drain_monitor(monitor)
@@ -126,6 +130,7 @@ class KVEventSubscriber:
                     logger.exception("KV events %s: could not handle a batch", self.name)
                 await self._share_loop()
         finally:
+            self.synced.set()  # nothing more will come: waiters must not wait for ever
             with contextlib.suppress(zmq.ZMQError):  # the context may be gone already
                 sub.disable_monitor()
             monitor.close(linger=0)
