@@ -81,6 +81,29 @@ def test_layout_is_reported_per_rank(stack: tuple[LiveServer, Router]) -> None:
     assert ranks == {"0", "1"}
 
 
+def _per_rank(srv: LiveServer, sample: str) -> dict[str, float]:
+    text = httpx.get(srv.base_url + "/metrics", timeout=60).text
+    return {
+        dict(labels)["dp_rank"]: value
+        for (name, labels), value in parse_metrics(text).items()
+        if name == sample
+    }
+
+
+def test_request_metrics_carry_the_serving_rank(stack: tuple[LiveServer, Router]) -> None:
+    srv, _ = stack
+    names = ("radixserve:num_requests_total", "radixserve:e2e_request_latency_seconds_count")
+    before = [_per_rank(srv, name) for name in names]
+    for _ in range(2):
+        body = {"input_ids": _ids(7, 8), "sampling_params": {"max_new_tokens": 2}}
+        resp = httpx.post(srv.base_url + "/generate", json={**body, "data_parallel_rank": 1})
+        assert resp.status_code == 200, resp.text
+    for name, was in zip(names, before, strict=True):
+        now = _per_rank(srv, name)
+        assert now["1"] - was.get("1", 0.0) == 2, name
+        assert now.get("0", 0.0) == was.get("0", 0.0), name  # rank 0 served none of them
+
+
 def test_pinned_requests_publish_from_their_rank(stack: tuple[LiveServer, Router]) -> None:
     openai = pytest.importorskip("openai")
     srv, _ = stack

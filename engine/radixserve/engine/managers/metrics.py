@@ -1,9 +1,10 @@
 """Prometheus metrics of one replica, under SGLang's names with the `radixserve:` prefix.
 
-Counters and latency histograms are fed by the tokenizer manager as outputs arrive; gauges
-(running / queued requests, token usage) are refreshed from the scheduler's load at scrape
-time, one series per DP rank (label `dp_rank`; request counters and latencies are
-server-wide). Each server owns its own CollectorRegistry: no process-global metric state.
+Counters and latency histograms are fed by the tokenizer manager as outputs arrive, labelled
+with the DP rank that served the request; gauges (running / queued requests, token usage) are
+refreshed from the scheduler's load at scrape time, one series per DP rank. Every series but
+the server-wide cache hit rate and generation throughput carries `dp_rank` ("0" with one DP
+rank). Each server owns its own CollectorRegistry: no process-global metric state.
 """
 
 from __future__ import annotations
@@ -47,10 +48,10 @@ class EngineMetrics:
             return Gauge(P + name, doc, [*labels, "dp_rank"], registry=reg)
 
         def c(name: str, doc: str) -> Counter:
-            return Counter(P + name, doc, labels, registry=reg)
+            return Counter(P + name, doc, [*labels, "dp_rank"], registry=reg)
 
         def h(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(P + name, doc, labels, buckets=buckets, registry=reg)
+            return Histogram(P + name, doc, [*labels, "dp_rank"], buckets=buckets, registry=reg)
 
         self.num_running_reqs = rank_g("num_running_reqs", "Requests running on the scheduler")
         self.num_queue_reqs = rank_g("num_queue_reqs", "Requests waiting in the scheduler queue")
@@ -76,24 +77,27 @@ class EngineMetrics:
         self._prompt_total = 0
         self._cached_total = 0
 
-    def observe_ttft(self, seconds: float) -> None:
-        self.ttft.labels(**self.labels).observe(seconds)
+    def _rank(self, dp_rank: int) -> dict[str, str]:
+        return {**self.labels, "dp_rank": str(dp_rank)}
 
-    def observe_queue_time(self, seconds: float) -> None:
-        self.queue_time.labels(**self.labels).observe(seconds)
+    def observe_ttft(self, seconds: float, dp_rank: int = 0) -> None:
+        self.ttft.labels(**self._rank(dp_rank)).observe(seconds)
 
-    def observe_itl(self, seconds: float) -> None:
-        self.itl.labels(**self.labels).observe(seconds)
+    def observe_queue_time(self, seconds: float, dp_rank: int = 0) -> None:
+        self.queue_time.labels(**self._rank(dp_rank)).observe(seconds)
+
+    def observe_itl(self, seconds: float, dp_rank: int = 0) -> None:
+        self.itl.labels(**self._rank(dp_rank)).observe(seconds)
 
     def observe_tokens(self, n: int) -> None:
         self._recent.append((time.monotonic(), n))
 
-    def observe_client_abort(self) -> None:
+    def observe_client_abort(self, dp_rank: int = 0) -> None:
         """A client went away before its request finished; the request was aborted."""
-        self.num_aborted.labels(**self.labels).inc()
+        self.num_aborted.labels(**self._rank(dp_rank)).inc()
 
-    def observe_finished(self, done: FinishedCounts) -> None:
-        lab = self.labels
+    def observe_finished(self, done: FinishedCounts, dp_rank: int = 0) -> None:
+        lab = self._rank(dp_rank)
         self.prompt_tokens.labels(**lab).inc(done.prompt_tokens)
         self.generation_tokens.labels(**lab).inc(done.completion_tokens)
         self.cached_tokens.labels(**lab).inc(done.cached_tokens)
@@ -109,7 +113,7 @@ class EngineMetrics:
         """Refresh gauges from each DP rank's LoadOutput and render the exposition text."""
         lab = self.labels
         for load in loads:
-            rank = {**lab, "dp_rank": str(load.dp_rank)}
+            rank = self._rank(load.dp_rank)
             self.num_running_reqs.labels(**rank).set(load.num_running_reqs)
             self.num_queue_reqs.labels(**rank).set(load.num_waiting_reqs)
             self.token_usage.labels(**rank).set(load.token_usage)

@@ -114,6 +114,7 @@ class ReqState:
     queue_time: float | None = None  # observed once, from the first output that carries it
     prompt_text: str | None = None  # kept only for --log-requests-text
     output_parts: list[str] | None = None
+    dp_rank: int = 0  # the DP rank serving it (its metrics' label)
 
 
 class TokenizerManager:
@@ -183,7 +184,7 @@ class TokenizerManager:
             state.prompt_text, state.output_parts = inp.text, []
         self.rid_to_state[inp.rid] = state
         try:
-            await self.to_scheduler.send_generate(inp.tokenized())
+            state.dp_rank = await self.to_scheduler.send_generate(inp.tokenized())
             while True:
                 item = await state.queue.get()
                 if isinstance(item, OutputLoopDied):
@@ -194,7 +195,7 @@ class TokenizerManager:
         finally:
             self.rid_to_state.pop(inp.rid, None)
             if not state.finished and self.dead is None:
-                self.metrics.observe_client_abort()
+                self.metrics.observe_client_abort(state.dp_rank)
                 self._log_finished(inp.rid, state, "client_gone")
                 self._abort_soon(inp.rid)  # releases the request's DP slot once sent
             else:
@@ -308,7 +309,8 @@ class TokenizerManager:
                         chunk.total_retractions,
                         isinstance(finish, FinishAbort),
                         now - state.created,
-                    )
+                    ),
+                    state.dp_rank,
                 )
             state.queue.put_nowait(chunk)
 
@@ -336,7 +338,7 @@ class TokenizerManager:
     def _observe_queue_time(self, state: ReqState, seconds: float | None) -> None:
         if seconds is not None:
             state.queue_time = seconds
-            self.metrics.observe_queue_time(seconds)
+            self.metrics.observe_queue_time(seconds, state.dp_rank)
 
     def _observe_tokens(self, state: ReqState, num_new: int, now: float) -> None:
         self.metrics.observe_tokens(num_new)
@@ -344,7 +346,7 @@ class TokenizerManager:
             return
         if state.first_token_time is None:
             state.first_token_time = now
-            self.metrics.observe_ttft(now - state.created)
+            self.metrics.observe_ttft(now - state.created, state.dp_rank)
         elif state.last_token_time is not None:
-            self.metrics.observe_itl((now - state.last_token_time) / num_new)
+            self.metrics.observe_itl((now - state.last_token_time) / num_new, state.dp_rank)
         state.last_token_time = now
