@@ -59,10 +59,25 @@ def test_offline_table_names_the_layout(
     stdout, report = _bench(model, tmp_path / "offline.json", *flags, "--modes", ",".join(modes))
     rows = report["results"]
     assert [r["config"] for r in rows] == list(modes)
-    assert all(r["layout"] == layout and r["requests"] == 8 for r in rows)
+    assert all(r["layout"] == layout and r["requests"] == 8 and r["failed"] == 0 for r in rows)
     assert all(r["output_tok"] == 8 * 4 for r in rows)
     for row in rows:
         assert (row["cache_hit_rate"] > 0) == (row["config"] == "cache"), row
         (line,) = [ln for ln in stdout.splitlines() if ln.split()[:1] == [row["config"]]]
         assert f" {layout} " in line, stdout  # the printed table names the layout
     assert report["layout"]["enable_dp_attention"] == ("--enable-dp-attention" in flags)
+
+
+def test_failed_requests_are_counted_and_fail_the_run(model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "offline.json"
+    cmd = [sys.executable, "-m", "radixserve.cli", "bench", "offline", "--model-path", str(model)]
+    run = subprocess.run(  # prompts of 264 tokens: beyond the tiny model's 256-token context
+        [*cmd, *WORKLOAD, "--gsp-system-prompt-len", "256", "--modes", "cache"]
+        + ["--output-file", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 1
+    assert "8 requests failed" in run.stderr and "the prompt has 264 tokens" in run.stderr
+    assert json.loads(out.read_text())["results"][0]["failed"] == 8

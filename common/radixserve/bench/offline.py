@@ -33,6 +33,7 @@ COLUMNS = (
     "config",
     "layout",
     "requests",
+    "failed",
     "input_tok",
     "output_tok",
     "seconds",
@@ -80,11 +81,16 @@ def _run_once(engine: Any, reqs: list[Any]) -> dict[str, Any]:
         ],
     )
     seconds = time.perf_counter() - start
+    errors = [o["meta_info"]["finish_reason"] for o in outs]
+    errors = [e for e in errors if isinstance(e, dict) and e.get("type") == "abort"]
+    if errors:
+        print(f"[bench] {len(errors)} requests failed, e.g.: {errors[0]}", file=sys.stderr)
     n_in = sum(o["meta_info"]["prompt_tokens"] for o in outs)
     n_out = sum(o["meta_info"]["completion_tokens"] for o in outs)
     cached = sum(o["meta_info"]["cached_tokens"] for o in outs)
     return {
         "requests": len(outs),
+        "failed": len(errors),
         "input_tok": n_in,
         "output_tok": n_out,
         "seconds": seconds,
@@ -178,4 +184,4 @@ def run_offline(args: argparse.Namespace) -> int:
             "results": rows,
         },
     )
-    return 0
+    return 1 if any(row["failed"] for row in rows) else 0
