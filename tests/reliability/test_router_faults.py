@@ -4,6 +4,9 @@ shared by the tests of this file, and routers started per test.
 - A router started next to warm replicas (a restart, or a second router replica beside the
   first) mirrors their caches from the replay before it routes: the first follow-ups it sends
   hit, as the engines' own `cached_tokens` prove, and the old router agrees on the placement.
+- A replica's KV-event stream cut while its HTTP keeps working: the router matches that
+  replica on the prompts routed to it meanwhile, then returns to its events, caught up by
+  the replay.
 - A replica that hangs (SIGSTOP: its sockets still accept, nothing answers) costs timeouts,
   then its circuit breaker opens and it turns unhealthy; every request is answered by the
   other replica; after SIGCONT it comes back.
@@ -11,9 +14,12 @@ shared by the tests of this file, and routers started per test.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +31,7 @@ from tests.engine.models.tiny import VOCAB
 from tests.reliability.conftest import save_tiny_checkpoint
 from tests.router.router_proc import (
     Engine,
+    Router,
     by_worker,
     router_proc,
     start_engine,
@@ -144,3 +151,133 @@ def test_hanging_replica_times_out_opens_its_breaker_and_requests_go_elsewhere(
             "the breaker to half-open",
         )
         assert httpx.get(hung.url + "/health", timeout=30).status_code == 200
+
+
+# ---- a KV-event stream cut while HTTP keeps working -------------------------------------------
+
+
+class Relay:
+    """A TCP relay the router dials instead of one replica's KV-event PUB port: `cut()` drops
+    its connections and closes every new one at once (the port still accepts, as a broken
+    network path might), `restore()` forwards again."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.open = True
+        self.conns: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self.open:
+                client.close()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            with self.lock:
+                self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        self.open = False
+        with self.lock:
+            for s in self.conns:
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+            self.conns.clear()
+
+    def restore(self) -> None:
+        self.open = True
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()
+
+
+ADMIN = "reliability-admin-key"
+
+
+def _mode(router: Router, worker: str) -> str | None:
+    for (name, labels), _ in router.metrics().items():
+        lab = dict(labels)
+        if name == "radixserve_router_mirror_tokens" and lab.get("worker") == worker:
+            return lab["mode"]
+    return None
+
+
+def _known(router: Router) -> float:
+    return sum(by_worker(router.metrics(), "radixserve_router_cached_tokens_total").values())
+
+
+def _routed_to(router: Router, url: str, prompt: list[int]) -> tuple[str, dict]:
+    """Send `prompt` through the router; which worker took it (by the router's counters)."""
+    before = by_worker(router.metrics(), "radixserve_router_requests_total")
+    out = _generate(url, prompt)
+    after = by_worker(router.metrics(), "radixserve_router_requests_total")
+    (worker,) = [w for w in after if after[w] != before.get(w, 0)]
+    return worker, out
+
+
+def test_kv_event_stream_cut_falls_back_to_the_approximate_view_and_returns(
+    replicas: list[Engine],
+) -> None:
+    """The router follows replica 0's events through a relay. While the relay is cut (HTTP
+    untouched), replica 0's target is matched on the prompts routed to it ("approx"); a new
+    prompt routed there meanwhile is found for its follow-up. Once the relay forwards again,
+    the target is back on events, and the batches published while it was cut came from the
+    replay: the next follow-up is known from the mirror at routing time."""
+    _flush(replicas)
+    cut_one, other = replicas
+    relay = Relay(cut_one.kv_port)
+    rng = random.Random(13)
+    try:
+        with router_proc([], "--admin-key", ADMIN) as router:
+            auth = {"Authorization": f"Bearer {ADMIN}"}
+            kv = [{"endpoint": f"tcp://127.0.0.1:{relay.port}",
+                   "replay_endpoint": f"tcp://127.0.0.1:{cut_one.kv_port + 1}"}]  # fmt: skip
+            for body in ({"url": cut_one.url, "kv_events": kv}, {"url": other.url}):
+                resp = httpx.post(router.url + "/workers", json=body, headers=auth, timeout=60)
+                assert resp.status_code == 201, resp.text
+            wait_for(lambda: _mode(router, cut_one.url) == "events", 30, "events mode")
+
+            relay.cut()
+            wait_for(lambda: _mode(router, cut_one.url) == "approx", 30, "the fallback")
+            for _ in range(8):  # a prompt of our own on the cut replica
+                prompt = [rng.randrange(2, VOCAB) for _ in range(PROMPT)]
+                worker, _ = _routed_to(router, router.url, prompt)
+                if worker == cut_one.url:
+                    break
+            else:
+                raise AssertionError("no prompt was routed to the cut replica")
+            before = _known(router)
+            follow = prompt + [rng.randrange(2, VOCAB) for _ in range(SUFFIX)]
+            worker, out = _routed_to(router, router.url, follow)
+            assert worker == cut_one.url and out["meta_info"]["cached_tokens"] >= PROMPT
+            assert _known(router) - before >= PROMPT, "the fallback did not know the prompt"
+            assert _mode(router, cut_one.url) == "approx"
+
+            relay.restore()
+            wait_for(lambda: _mode(router, cut_one.url) == "events", 30, "events again")
+            before = _known(router)
+            follow = prompt + [rng.randrange(2, VOCAB) for _ in range(SUFFIX)]
+            worker, out = _routed_to(router, router.url, follow)
+            assert worker == cut_one.url and out["meta_info"]["cached_tokens"] >= PROMPT
+            assert _known(router) - before >= PROMPT, "the mirror missed the batches of the cut"
+    finally:
+        relay.close()

@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from radixserve.router.proxy import error_response
-from radixserve.router.targets import normalize_url
+from radixserve.router.targets import KVEndpoint, normalize_url
 
 
 def _denied(request: Request) -> Response | None:
@@ -31,6 +31,26 @@ def _denied(request: Request) -> Response | None:
     return None
 
 
+def _kv_events(raw: Any) -> tuple[KVEndpoint, ...] | None:
+    """`kv_events`: where to follow the worker's KV events when its own answer is not
+    reachable from the router (NAT, a relay): `[{"endpoint", "replay_endpoint"?, "dp_rank"?,
+    "topic"?}]`, as /server_info lists them. None (absent): ask the engine."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("endpoint"), str) for e in raw
+    ):
+        raise ValueError("kv_events: expected a list of {endpoint, replay_endpoint, dp_rank}")
+    try:
+        return tuple(
+            KVEndpoint(int(e.get("dp_rank", 0)), e["endpoint"], e.get("replay_endpoint"),
+                       str(e.get("topic", "")))
+            for e in raw
+        )  # fmt: skip
+    except (TypeError, ValueError):
+        raise ValueError("kv_events: dp_rank must be an integer") from None
+
+
 async def _add_worker(request: Request) -> Response:
     state = request.app.state.router
     try:
@@ -41,7 +61,8 @@ async def _add_worker(request: Request) -> Response:
         return error_response("url: expected a string such as http://host:port", 400)
     try:
         url = normalize_url(body["url"])
-        worker = state.registry.add(url, body.get("api_key"), source="admin")
+        kv = _kv_events(body.get("kv_events"))
+        worker = state.registry.add(url, body.get("api_key"), source="admin", kv_override=kv)
     except ValueError as exc:
         return error_response(str(exc), 400)
     try:

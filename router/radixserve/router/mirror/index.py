@@ -3,10 +3,12 @@
 A target with a KV-event endpoint gets a MirrorTree kept exact by a KVEventSubscriber ("events"
 mode); one without gets an ApproxTree of the prompts routed to it ("approx" mode, sgl-router's
 fallback). An events target also has an InflightOverlay of the prompts routed to it and not
-yet confirmed by its events. `match` encodes the prompt once and walks each target's tree: the
-cached prefix in tokens, page-aligned like the engine's own match; `match_both` adds the
-overlay's "arriving" prefix beside it. Everything runs on the event loop, no thread: the trees
-are only touched between awaits.
+yet confirmed by its events, and a fallback ApproxTree of the prompts routed there, matched
+instead of the mirror while its event stream is lost (the mirror is frozen then). `match`
+encodes the prompt once and walks each target's tree: the cached prefix in tokens,
+page-aligned like the engine's own match; `match_both` adds the overlay's "arriving" prefix
+beside it. Everything runs on the event loop, no thread: the trees are only touched between
+awaits.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from radixserve.router.targets import KVEndpoint, TargetKey, reachable_endpoint
 logger = logging.getLogger(__name__)
 
 DEFAULT_APPROX_MAX_TOKENS = 1 << 22
+FALLBACK_MAX_TOKENS = 1 << 20  # an events target's routed prompts, for when its stream is lost
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,13 @@ class _Target:
     tree: MirrorTree | ApproxTree
     subscriber: KVEventSubscriber | None
     overlay: InflightOverlay | None = None
+    # events targets: the prompts routed there, matched while the event stream is lost
+    fallback: ApproxTree | None = None
+
+    def matching_tree(self) -> MirrorTree | ApproxTree:
+        """The exact mirror, or the approximate view while the target's stream is lost."""
+        lost = self.subscriber is not None and self.subscriber.stream_lost
+        return self.fallback if lost and self.fallback is not None else self.tree
 
 
 def _dialable(kv: KVEndpoint, worker_url: str) -> KVEndpoint:
@@ -135,7 +145,8 @@ class CacheIndex:
             replay_timeout_s=self.replay_timeout_s,
             name=name,
         )
-        self._targets[key] = _Target(page_size, kv, tree, subscriber, overlay)
+        fallback = ApproxTree(min(self.approx_max_tokens, FALLBACK_MAX_TOKENS))
+        self._targets[key] = _Target(page_size, kv, tree, subscriber, overlay, fallback)
         if self._started:
             subscriber.start()
 
@@ -177,10 +188,10 @@ class CacheIndex:
             target = self._targets.get(key)
             if target is None:
                 out[key] = 0
-            elif target.subscriber is not None:
+            elif target.matching_tree() is target.tree and target.subscriber is not None:
                 out[key] = target.tree.match_encoded(q)
             else:  # the engine matches whole pages only
-                n = target.tree.match_encoded(q)
+                n = target.matching_tree().match_encoded(q)
                 out[key] = n - n % target.page_size
         return out
 
@@ -194,12 +205,12 @@ class CacheIndex:
             target = self._targets.get(key)
             if target is None:
                 out[key] = PrefixMatch(0)
-            elif target.overlay is not None:
+            elif target.overlay is not None and target.matching_tree() is target.tree:
                 out[key] = PrefixMatch(
                     target.tree.match_encoded(q), target.overlay.match_encoded(q)
                 )
-            else:
-                n = target.tree.match_encoded(q)
+            else:  # approx: its tree already holds the prompts routed there
+                n = target.matching_tree().match_encoded(q)
                 out[key] = PrefixMatch(n - n % target.page_size)
         return out
 
@@ -213,6 +224,8 @@ class CacheIndex:
         if isinstance(target.tree, ApproxTree):
             target.tree.insert(tokens)
             return None
+        if target.fallback is not None:
+            target.fallback.insert(tokens)
         assert target.overlay is not None
         return target.overlay.add(encode_tokens(tokens))
 
@@ -236,8 +249,8 @@ class CacheIndex:
         out: dict[TargetKey, TargetCacheStats] = {}
         for key, t in self._targets.items():
             sub = t.subscriber
-            if sub is None:
-                n = t.tree.num_tokens
+            if sub is None or sub.stream_lost:
+                n = t.matching_tree().num_tokens
                 out[key] = TargetCacheStats("approx", n, n // t.page_size)
             else:
                 assert isinstance(t.tree, MirrorTree)

@@ -19,6 +19,9 @@ When a replay fails or times out (or there is no replay endpoint) the mirror is 
 follows the live stream from the current batch; it then under-estimates the cache (blocks
 below unknown parents wait as orphans) until the replica clears or re-stores them. Logged.
 A replica that goes away is reconnected to by ZMQ; dropping the target is the owner's call.
+A dropped connection (the socket monitor's DISCONNECTED, watched beside the stream) sets
+`stream_lost`: the owner routes on its approximate view until the connection is back and the
+batches sent meanwhile have been taken from the replay.
 """
 
 from __future__ import annotations
@@ -79,6 +82,11 @@ class KVEventSubscriber:
         # set once the replay buffer taken at connect is applied (or the task ended): the
         # owner waits for it before routing to the target (see WorkerRegistry.mark_healthy)
         self.synced = asyncio.Event()
+        # the SUB connection dropped and has not come back (or not caught up yet): the mirror
+        # is frozen, so the owner routes on its approximate view meanwhile
+        self.stream_lost = False
+        self.stream_losses = 0
+        self._resync_due = False
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -112,7 +120,7 @@ class KVEventSubscriber:
         sub = self._socket(zmq.SUB)
         sub.setsockopt(zmq.RCVHWM, self._rcvhwm)
         sub.setsockopt(zmq.SUBSCRIBE, self.endpoint.topic.encode())
-        monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         try:
             try:
                 sub.connect(self.endpoint.endpoint)
@@ -121,13 +129,23 @@ class KVEventSubscriber:
                 return
             await self._initial_sync()
             self.synced.set()
+            poller = zmq.asyncio.Poller()  # the monitor too: a lost stream sends no batch
+            poller.register(sub, zmq.POLLIN)
+            poller.register(monitor, zmq.POLLIN)
             while True:
-                frames = await sub.recv_multipart()
+                ready = dict(await poller.poll())
                 await self._drain_monitor(monitor)
+                if self._resync_due:
+                    await self._resync()
+                if sub not in ready:
+                    continue
+                frames = await sub.recv_multipart()
                 try:
                     await self._on_message(frames)
                 except Exception:  # a bad batch must not end the stream
                     logger.exception("KV events %s: could not handle a batch", self.name)
+                if self.stream_lost and not self._resync_due:  # caught up by that batch
+                    self.stream_lost = False
                 await self._share_loop()
         finally:
             self.synced.set()  # nothing more will come: waiters must not wait for ever
@@ -162,8 +180,38 @@ class KVEventSubscriber:
                 frames = await monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if parse_monitor_message(frames)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            event = parse_monitor_message(frames)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._reconnected = True
+                self._resync_due = self.stream_lost
+            elif event == zmq.EVENT_DISCONNECTED and not self.stream_lost:
+                self.stream_lost = True
+                self.stream_losses += 1
+                logger.warning(
+                    "KV events %s: stream lost; routing on the approximate view until it returns",
+                    self.name,
+                )
+
+    async def _resync(self) -> None:
+        """The stream is back after a loss: take what was published meanwhile from the replay
+        (batches sent while we were away are gone from the live stream), then trust the mirror
+        again. If the replay fails, the next live batch catches up instead (`_reconnected`)."""
+        self._resync_due = False
+        history = await self._replay(max(self.last_seq, 0))
+        if history is not None and self.last_seq >= 0 and not self._continues(history):
+            logger.warning("KV events %s: replica restarted while away: mirror reset", self.name)
+            self._reset()
+            history = await self._replay(0)
+        if history is None:
+            return
+        for seq, payload in history:
+            self._expected[seq] = payload  # the live stream may repeat the newest of these
+            if seq > self.last_seq:
+                self._apply(seq, payload)
+                await self._share_loop()
+        self._reconnected = False  # verified just now
+        self.stream_lost = False
+        logger.info("KV events %s: stream back at batch %d", self.name, self.last_seq)
 
     async def _on_message(self, frames: list[bytes]) -> None:
         if len(frames) != 3 or len(frames[1]) != 8:
