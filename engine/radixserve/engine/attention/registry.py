@@ -7,19 +7,37 @@ from collections.abc import Callable
 from radixserve.engine.attention.base import AttentionBackend
 from radixserve.engine.attention.grouped_backend import GroupedAttnBackend
 from radixserve.engine.attention.paged_cpu import load_paged_kernel
+from radixserve.engine.attention.spec import AttentionSpec
 from radixserve.engine.attention.torch_backend import TorchNativeAttnBackend
 
 
-def _grouped() -> AttentionBackend:
+def _grouped(_spec: AttentionSpec | None) -> AttentionBackend:
     """The grouped backend with the C++ CPU kernel where it builds (PyTorch path otherwise)."""
     return GroupedAttnBackend(load_paged_kernel())
 
 
-_BACKENDS: dict[str, Callable[[], AttentionBackend]] = {
+def _triton(spec: AttentionSpec | None) -> AttentionBackend:
+    from radixserve.engine.attention.triton_backend import TritonAttnBackend
+
+    return TritonAttnBackend(spec)
+
+
+def _flashinfer(spec: AttentionSpec | None) -> AttentionBackend:
+    from radixserve.engine.attention.flashinfer_backend import FlashInferAttnBackend
+
+    if spec is None:
+        raise ValueError("attention_backend=flashinfer needs the model's AttentionSpec")
+    return FlashInferAttnBackend(spec)
+
+
+# Backends that import triton / flashinfer import them when built, never at registry import.
+_BACKENDS: dict[str, Callable[[AttentionSpec | None], AttentionBackend]] = {
+    "flashinfer": _flashinfer,
     "grouped": _grouped,
-    "grouped_pytorch": GroupedAttnBackend,  # the grouped backend without the C++ kernel
-    "torch": TorchNativeAttnBackend,
-    "torch_native": TorchNativeAttnBackend,
+    "grouped_pytorch": lambda _spec: GroupedAttnBackend(),  # without the C++ kernel
+    "torch": lambda _spec: TorchNativeAttnBackend(),
+    "torch_native": lambda _spec: TorchNativeAttnBackend(),
+    "triton": _triton,
 }
 
 
@@ -27,9 +45,10 @@ def available_backends() -> list[str]:
     return sorted(_BACKENDS)
 
 
-def create_attention_backend(name: str) -> AttentionBackend:
-    """`name` as resolved by ServerArgs.resolved_attention_backend (no 'auto' here)."""
+def create_attention_backend(name: str, spec: AttentionSpec | None = None) -> AttentionBackend:
+    """`name` as resolved by ServerArgs.resolved_attention_backend (no 'auto' here); `spec`
+    (model shape, batch limits, device) is what planning backends size their buffers by."""
     factory = _BACKENDS.get(name)
     if factory is None:
         raise ValueError(f"attention_backend: unknown {name!r}; available: {available_backends()}")
-    return factory()
+    return factory(spec)

@@ -51,7 +51,12 @@ class ServerArgs:
     # Record radix-tree events; only the scheduler process's publisher (--kv-events-port) drains
     # them, so enabling them without a port is refused (they would grow without bound).
     enable_kv_events: bool = False
-    attention_backend: str = "auto"  # auto: grouped on CPU, torch elsewhere
+    # auto: grouped on CPU; on CUDA flashinfer if installed, else triton; torch elsewhere
+    attention_backend: str = "auto"
+    # CUDA graphs for decode batches of up to cuda_graph_max_bs requests (None: 160, capped by
+    # the pool's rows); captured at start-up (model_executor/cuda_graph_runner.py)
+    cuda_graph_max_bs: int | None = None
+    disable_cuda_graph: bool = False
     # parallelism: one scheduler process per rank. Without DP attention dp_size independent
     # scheduling groups of tp_size ranks each; with it tp_size ranks in all, whose attention is
     # split into dp_size DP ranks of tp_size / dp_size ranks (SGLang's convention)
@@ -139,6 +144,10 @@ class ServerArgs:
             "chunked_prefill_size",
             f"must be -1 (off) or ≥ page_size, got {chunk}",
         )
+        graph_bs = self.cuda_graph_max_bs
+        _check(
+            graph_bs is None or graph_bs >= 1, "cuda_graph_max_bs", f"must be ≥ 1, got {graph_bs}"
+        )
 
     def _check_parallelism(self) -> None:
         for name in ("tp_size", "dp_size", "ep_size"):
@@ -222,10 +231,17 @@ class ServerArgs:
 
     @property
     def resolved_attention_backend(self) -> str:
-        """'auto' → the grouped backend on CPU, the reference (torch) elsewhere."""
+        """'auto' → the grouped backend on CPU; on CUDA the fastest installed: flashinfer if
+        it can be imported, else triton; the reference (torch) on any other device."""
         if self.attention_backend != "auto":
             return self.attention_backend
-        return "grouped" if self.device == "cpu" else "torch"
+        if self.device == "cpu":
+            return "grouped"
+        if self.device.startswith("cuda"):
+            import importlib.util
+
+            return "flashinfer" if importlib.util.find_spec("flashinfer") else "triton"
+        return "torch"
 
     def effective_settings(self) -> str:
         """One line of the settings that defaults resolve per device, for the start-up log."""
@@ -234,6 +250,7 @@ class ServerArgs:
             f"attention_backend={self.resolved_attention_backend} "
             f"schedule_policy={self.schedule_policy} chunked_prefill_size={self.chunk_size} "
             f"overlap_schedule={self.overlap_schedule} page_size={self.page_size}"
+            + ("" if self.device == "cpu" else f" disable_cuda_graph={self.disable_cuda_graph}")
         )
 
     @classmethod

@@ -16,13 +16,18 @@ from dataclasses import dataclass
 
 import torch
 
-from radixserve.engine.attention import create_attention_backend
+from radixserve.engine.attention import AttentionBackend, create_attention_backend
+from radixserve.engine.attention.spec import AttentionSpec
 from radixserve.engine.configs.model_config import ModelConfig
 from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.distributed import ParallelGroups
 from radixserve.engine.layers.logits_processor import LogitsProcessorOutput
 from radixserve.engine.layers.parallel_linear import kv_head_layout
 from radixserve.engine.mem_cache import MHATokenToKVPool, ReqToTokenPool, create_allocator
+from radixserve.engine.model_executor.cuda_graph_runner import (
+    DEFAULT_MAX_BS as DEFAULT_GRAPH_MAX_BS,
+)
+from radixserve.engine.model_executor.cuda_graph_runner import CudaGraphRunner
 from radixserve.engine.model_executor.forward_batch import ForwardBatch
 from radixserve.engine.model_loader.loader import LoadedModelFiles
 from radixserve.engine.models import get_model_class
@@ -113,7 +118,8 @@ class ModelRunner:
             self.device,
         )
         self.allocator = create_allocator(self.sizes.max_total_tokens, args.page_size, self.device)
-        self.attn_backend = create_attention_backend(args.resolved_attention_backend)
+        self.attn_backend = self._create_backend()
+        self.graph_runner = self._maybe_capture_graphs()
         logger.info(
             "kv_pool max_total_tokens=%d page_size=%d max_num_reqs=%d dtype=%s source=%s",
             self.sizes.max_total_tokens,
@@ -122,6 +128,37 @@ class ModelRunner:
             c.dtype,
             self.sizes.source,
         )
+
+    def _create_backend(self) -> AttentionBackend:
+        c, name = self.model_config, self.args.resolved_attention_backend
+        heads = c.num_attention_heads // self.groups.attn_tp.size
+        spec = AttentionSpec(
+            heads, self.num_local_kv_heads, c.head_dim, c.dtype, self.device,
+            self.sizes.max_num_reqs, c.context_len + 4, self.args.page_size,
+        )  # fmt: skip
+        logger.info("attention_backend=%s (requested %s)", name, self.args.attention_backend)
+        return create_attention_backend(name, spec)
+
+    def _maybe_capture_graphs(self) -> CudaGraphRunner | None:
+        """Decode CUDA graphs where they are supported (see cuda_graph_runner.py), else None
+        with the reason logged."""
+        from radixserve.engine.attention.triton_backend import TritonAttnBackend
+
+        args, backend = self.args, self.attn_backend
+        if self.device.type != "cuda" or args.disable_cuda_graph:
+            return None
+        if not isinstance(backend, TritonAttnBackend):
+            why = f"attention_backend={args.resolved_attention_backend} (graphs: triton only)"
+        elif self.groups.world.size > 1 or args.enable_dp_attention:
+            why = "more than one process (TP / DP attention decode is not captured yet)"
+        else:
+            max_bs = min(args.cuda_graph_max_bs or DEFAULT_GRAPH_MAX_BS, self.sizes.max_num_reqs)
+            return CudaGraphRunner(
+                self.model, backend, self.req_to_token_pool, self.token_to_kv_pool,
+                max_bs, self.device,
+            )  # fmt: skip
+        logger.info("cuda_graph off: %s", why)
+        return None
 
     def _load_model(self, files: LoadedModelFiles) -> CausalLM:
         start = time.perf_counter()
@@ -159,6 +196,8 @@ class ModelRunner:
         return self.groups.attn_tp.broadcast(next_token_ids)
 
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        if self.graph_runner is not None and self.graph_runner.can_run(forward_batch):
+            return self.graph_runner.replay(forward_batch)
         if not forward_batch.forward_mode.is_idle():
             self.attn_backend.init_forward_metadata(forward_batch)
         with torch.inference_mode():
