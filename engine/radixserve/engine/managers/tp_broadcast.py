@@ -1,10 +1,12 @@
 """Where a scheduler rank gets its inputs each loop round, and where its outputs go.
 
-With one rank the scheduler reads its ZMQ channel. Under tensor parallelism TP rank 0 reads
-the channel and broadcasts the round's messages (msgpack-encoded, over the CPU gloo group)
-to its peers, every round, even when empty: so all ranks see the same messages in the same
-rounds and schedule identical batches in lock-step. Peers send nothing (`DiscardSender`):
-only rank 0 answers the tokenizer and feeds the detokenizer. Runs in the scheduler process.
+With one rank the scheduler reads its ZMQ channel. Under tensor parallelism rank 0 of the
+ranks that schedule together (the TP group, or under DP attention one DP rank's attention-TP
+group) reads the channel and broadcasts the round's messages (msgpack-encoded, over that
+group's CPU gloo group) to its peers, every round, even when empty: so they see the same
+messages in the same rounds and schedule identical batches in lock-step. Peers send nothing
+(`DiscardSender`): only rank 0 answers the tokenizer and feeds the detokenizer. Runs in the
+scheduler process.
 """
 
 from __future__ import annotations
