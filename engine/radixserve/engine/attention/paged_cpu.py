@@ -179,4 +179,5 @@ def load_paged_kernel() -> PagedAttentionKernel | None:
     fn = lib.radixserve_paged_attention
     fn.restype = ctypes.c_int
     fn.argtypes = _ARGTYPES
+    logger.info("attention: CPU paged attention kernel loaded from %s", lib._name)
     return PagedAttentionKernel(fn)
