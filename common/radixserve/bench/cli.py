@@ -8,6 +8,7 @@ from radixserve.bench.offline import add_offline_parser
 from radixserve.bench.one_batch import add_one_batch_parser
 from radixserve.bench.router import add_router_bench_parser
 from radixserve.bench.serving import add_serving_parser
+from radixserve.bench.soak import add_soak_parser
 
 
 def add_bench_parser(sub: Any) -> None:
@@ -17,3 +18,4 @@ def add_bench_parser(sub: Any) -> None:
     add_one_batch_parser(bench_sub)
     add_serving_parser(bench_sub)
     add_router_bench_parser(bench_sub)
+    add_soak_parser(bench_sub)
