@@ -87,3 +87,33 @@ def test_triton_backend_greedy_equals_torch(tiny_folder: Path, device: str, page
     assert got == expected
     assert all(len(out) == NEW_TOKENS for out in got)
     assert cached >= 16  # the shared prefix was read from the pool through kv_indices
+
+
+def test_graph_runner_padding_keeps_tokens(tiny_folder: Path) -> None:
+    """The CUDA-graph decode path's bookkeeping without a graph (capture=False runs the padded
+    static batch eagerly): 3 decoding requests padded to the bs-4 size, padding rows reading
+    and writing only slot 0, must give the torch backend's tokens."""
+    from radixserve.engine import EngineCore
+    from radixserve.engine.model_executor.cuda_graph_runner import CudaGraphRunner
+
+    prompts = random_prompts((13, 6, 20), seed=8)
+    args = {"model_path": str(tiny_folder), "dtype": "float32", "max_total_tokens": 1024}
+    reference = EngineCore(attention_backend="torch", **args)
+    try:
+        expected = reference.generate(input_ids=prompts, sampling_params=GREEDY)
+    finally:
+        reference.shutdown()
+    engine = EngineCore(attention_backend="triton", page_size=16, **args)
+    try:
+        runner = engine.runner
+        static = CudaGraphRunner(
+            runner.model, runner.attn_backend, runner.req_to_token_pool,
+            runner.token_to_kv_pool, 4, runner.device, capture=False,
+        )  # fmt: skip
+        assert static.sizes == [1, 2, 4]
+        runner.graph_runner = static
+        got = engine.generate(input_ids=prompts, sampling_params=GREEDY)
+        engine.scheduler.check_memory_invariant()
+    finally:
+        engine.shutdown()
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in expected]

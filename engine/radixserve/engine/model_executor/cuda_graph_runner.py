@@ -72,7 +72,11 @@ class CudaGraphRunner:
         token_to_kv_pool: MHATokenToKVPool,
         max_bs: int,
         device: torch.device,
+        capture: bool = True,
     ) -> None:
+        """capture=False keeps the static buffers, padding and planning but runs the model
+        eagerly on the padded static batch at each "replay": the captured computation without
+        a graph (the CPU test of this bookkeeping; a way to tell graph bugs from the rest)."""
         self.model = model
         self.backend = backend
         self.req_to_token_pool = req_to_token_pool
@@ -85,7 +89,8 @@ class CudaGraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self._empty_rows = torch.zeros(0, 0, dtype=torch.int64, device=device)
-        self.capture()
+        if capture:
+            self.capture()
 
     def _static_batch(self, bs: int) -> ForwardBatch:
         s = self.inputs
@@ -151,6 +156,12 @@ class CudaGraphRunner:
             s.out_cache_loc[raw:bs].fill_(PADDING_SLOT)
             s.seq_lens[raw:bs].fill_(1)
         self.backend.init_forward_metadata_replay(fb, bs, s.seq_lens[:bs])
-        self.graphs[bs].replay()
+        graph = self.graphs.get(bs)
+        if graph is None:  # capture=False: the same padded batch, run eagerly
+            static = self._static_batch(bs)
+            with torch.inference_mode():
+                out = self.model(static.input_ids, static.positions, static)
+            return LogitsProcessorOutput(out.next_token_logits[:raw])
+        graph.replay()
         # A view of the graph's output: consumed (sampled) on this stream before the next replay.
         return LogitsProcessorOutput(self.outputs[bs][:raw])
