@@ -10,17 +10,15 @@ and a scatter), on the 16-prompt chunked, cache-hitting, retracting batch of tes
 The batch is spread over both DP ranks (each one's own cache holds tokens afterwards). Then a
 batch pinned to DP rank 1 (`data_parallel_rank`) runs while rank 0 has nothing: rank 0 joins
 every forward with IDLE batches, and its cache stays empty. The reference is the in-process
-`EngineCore`, computed once per model."""
+`EngineCore`, computed once per model for the session (conftest.greedy_reference)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.engine.distributed.test_tp_generate import ARGS, PARAMS, prompts, retractions
-from tests.engine.models.tiny import save_tiny
+from tests.engine.distributed.test_tp_generate import ARGS, PARAMS, prompts
 
 LAYOUTS = [  # kind, tp, dp, ep, moe_a2a_backend
     ("llama", 2, 2, 1, "none"),
@@ -35,30 +33,13 @@ def _ids(outs: Any) -> list[list[int]]:
     return [o["output_ids"] for o in outs]
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, list]]:
-    """model kind → (checkpoint folder, single-process greedy outputs)."""
-    from radixserve.engine import EngineCore
-
-    out = {}
-    for kind in sorted({layout[0] for layout in LAYOUTS}):
-        folder = tmp_path_factory.mktemp(kind)
-        save_tiny(kind, folder, seed=5)
-        core = EngineCore(model_path=str(folder), **FLOAT32)
-        want = core.generate(input_ids=prompts(), sampling_params=PARAMS)
-        core.shutdown()
-        assert retractions(want) > 0  # the batch outgrows the pool
-        out[kind] = (folder, _ids(want))
-    return out
-
-
 @pytest.mark.parametrize(("kind", "tp", "dp", "ep", "backend"), LAYOUTS)
 def test_dp_attention_greedy_equals_single_process(
-    reference: dict[str, tuple[Path, list]], kind: str, tp: int, dp: int, ep: int, backend: str
+    greedy_reference: Any, kind: str, tp: int, dp: int, ep: int, backend: str
 ) -> None:
     from radixserve.engine import Engine
 
-    folder, want = reference[kind]
+    folder, want = greedy_reference(kind, 5)
     layout = {"tp_size": tp, "dp_size": dp, "ep_size": ep, "moe_a2a_backend": backend}
     with Engine(model_path=str(folder), enable_dp_attention=True, **layout, **FLOAT32) as engine:
         procs = list(engine.children.procs)

@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.engine.distributed.test_tp_generate import ARGS, PARAMS, prompts, retractions
-from tests.engine.models.tiny import save_tiny
+from tests.engine.distributed.test_tp_generate import ARGS, PARAMS, prompts
 
 FLOAT32 = ARGS  # float32 and the chunk size explicit: CPU defaults differ (bf16, 1024)
 
@@ -24,10 +23,8 @@ def _ids(outs: Any) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("llama")
-    save_tiny("llama", out, seed=3)
-    return out
+def folder(greedy_reference: Any) -> Path:
+    return greedy_reference("llama", 3)[0]
 
 
 @pytest.fixture(scope="module")
@@ -38,16 +35,11 @@ def engine(folder: Path) -> Iterator[Any]:
         yield eng
 
 
-def test_dp2_greedy_equals_single_process(folder: Path, engine: Any) -> None:
-    from radixserve.engine import EngineCore
-
-    core = EngineCore(model_path=str(folder), **FLOAT32)
-    want = core.generate(input_ids=prompts(), sampling_params=PARAMS)
-    core.shutdown()
-    assert retractions(want) > 0  # the batch outgrows the pool
+def test_dp2_greedy_equals_single_process(greedy_reference: Any, engine: Any) -> None:
+    _, want = greedy_reference("llama", 3)
     assert engine.flush_cache()
     got = engine.generate(input_ids=prompts(), sampling_params=PARAMS)
-    assert _ids(got) == _ids(want)
+    assert _ids(got) == want
     assert all(n > 0 for n in engine.cached_tokens_per_rank())  # round-robin used both ranks
     assert [load["dp_rank"] for load in engine.get_load()] == [0, 1]
     info = engine.get_server_info()

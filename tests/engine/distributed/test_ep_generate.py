@@ -8,13 +8,11 @@ reference is the in-process `EngineCore`, computed once."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.engine.distributed.test_tp_generate import ARGS, PARAMS, prompts, retractions
-from tests.engine.models.tiny import save_tiny
+from tests.engine.distributed.test_tp_generate import ARGS, PARAMS, prompts
 
 LAYOUTS = [
     ("qwen2_moe", 2, 1, "none"),
@@ -28,30 +26,13 @@ def _ids(outs: Any) -> list[list[int]]:
     return [o["output_ids"] for o in outs]
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, list]]:
-    """model kind → (checkpoint folder, single-process greedy outputs)."""
-    from radixserve.engine import EngineCore
-
-    out = {}
-    for kind in sorted({layout[0] for layout in LAYOUTS}):
-        folder = tmp_path_factory.mktemp(kind)
-        save_tiny(kind, folder, seed=5)
-        core = EngineCore(model_path=str(folder), **FLOAT32)
-        want = core.generate(input_ids=prompts(), sampling_params=PARAMS)
-        core.shutdown()
-        assert retractions(want) > 0  # the batch outgrows the pool
-        out[kind] = (folder, _ids(want))
-    return out
-
-
 @pytest.mark.parametrize(("kind", "tp", "ep", "backend"), LAYOUTS)
 def test_moe_greedy_equals_single_process(
-    reference: dict[str, tuple[Path, list]], kind: str, tp: int, ep: int, backend: str
+    greedy_reference: Any, kind: str, tp: int, ep: int, backend: str
 ) -> None:
     from radixserve.engine import Engine
 
-    folder, want = reference[kind]
+    folder, want = greedy_reference(kind, 5)
     with Engine(
         model_path=str(folder), tp_size=tp, ep_size=ep, moe_a2a_backend=backend, **FLOAT32
     ) as engine:

@@ -3,17 +3,16 @@ Llama at tp=2 and tp=4 (4 heads, 2 KV heads: split, then replicated), Qwen2 (q/k
 Qwen3 (q/k norm) at tp=2. Each layout is the multi-process `Engine` (one scheduler process per
 rank, gloo); the batch is 16+ prompts with shared prefixes, chunked (32-token chunks) and
 hitting the radix cache, with a KV pool small enough to force retractions (see POOL), sent in one
-call; the reference is the in-process `EngineCore`."""
+call; the reference is the in-process `EngineCore` (conftest.greedy_reference: once per model)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tests.engine.models.tiny import VOCAB, save_tiny
+from tests.engine.models.tiny import VOCAB
 
 # A 256-token pool for 16 prompts of 45-100 tokens decoding 40 each: running requests outgrow
 # it, so the scheduler retracts (and re-prefills) some. The in-process reference receives the
@@ -41,16 +40,6 @@ def prompts() -> list[list[int]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = {}
-    for kind in ("llama", "qwen2", "qwen3"):
-        folder = tmp_path_factory.mktemp(kind)
-        save_tiny(kind, folder, seed=3)
-        out[kind] = folder
-    return out
-
-
 def _ids(outs: Any) -> list[list[int]]:
     return [o["output_ids"] for o in outs]
 
@@ -60,20 +49,17 @@ def retractions(outs: Any) -> int:
 
 
 @pytest.mark.parametrize(("kind", "tp"), [("llama", 2), ("llama", 4), ("qwen2", 2), ("qwen3", 2)])
-def test_tp_greedy_equals_single_process(models: dict[str, Path], kind: str, tp: int) -> None:
-    from radixserve.engine import Engine, EngineCore
+def test_tp_greedy_equals_single_process(greedy_reference: Any, kind: str, tp: int) -> None:
+    from radixserve.engine import Engine
 
     batch = prompts()
-    core = EngineCore(model_path=str(models[kind]), **ARGS)
-    want = core.generate(input_ids=batch, sampling_params=PARAMS)
-    core.shutdown()
-    assert retractions(want) > 0  # the batch outgrows the pool
-    with Engine(model_path=str(models[kind]), tp_size=tp, **ARGS) as engine:
+    folder, want = greedy_reference(kind, 3)
+    with Engine(model_path=str(folder), tp_size=tp, **ARGS) as engine:
         got = engine.generate(input_ids=batch, sampling_params=PARAMS)
         info = engine.get_server_info()
         procs = list(engine.children.procs)
     assert len(procs) == tp + 1  # one scheduler per rank + the detokenizer
     assert not [p.name for p in procs if p.is_alive()]  # shutdown stopped every rank
-    assert _ids(got) == _ids(want)
+    assert _ids(got) == want
     assert sum(o["meta_info"]["cached_tokens"] for o in got) > 0  # the radix cache was hit
     assert info["max_total_num_tokens"] == POOL
