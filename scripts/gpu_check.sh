@@ -22,6 +22,16 @@ py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)
 export PYTHONPATH="common:engine:kernels:router:operator:.${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 start=$(date +%s)
+# What scripts/gpu_carry.sh prepared (carried folders): the engine's missing wheels, SmolLM2.
+if compgen -G ".gpu_wheels/*.whl" >/dev/null; then
+    "$py" -m pip install -q --no-index --no-deps --target /tmp/gpu_site .gpu_wheels/*.whl \
+        && export PYTHONPATH="/tmp/gpu_site:$PYTHONPATH"
+fi
+parity=()
+if [ -f .gpu_model_a/smollm2.gguf.part0 ] && [ -f .gpu_model_b/smollm2.gguf.part1 ]; then
+    cat .gpu_model_a/smollm2.gguf.part0 .gpu_model_b/smollm2.gguf.part1 >/tmp/smollm2-135m.gguf
+    parity=(--parity-model /tmp/smollm2-135m.gguf)
+fi
 
 echo "== environment"
 "$py" - <<'PY' 2>&1 | tee "$out/env.txt"
@@ -47,7 +57,7 @@ tests_line=$(grep -E "[0-9]+ (passed|failed|skipped|errors?)" "$out/pytest.log" 
 echo "== parity and decode throughput"
 # shellcheck disable=SC2086  # GPU_CHECK_ARGS is a list of arguments
 timeout 330 "$py" -m radixserve.bench.gpu_check --output-file "$out/gpu_check.json" \
-    ${GPU_CHECK_ARGS:-} 2>&1 | tee "$out/gpu_check.log"
+    "${parity[@]}" ${GPU_CHECK_ARGS:-} 2>&1 | tee "$out/gpu_check.log"
 check_rc=${PIPESTATUS[0]}
 
 echo
