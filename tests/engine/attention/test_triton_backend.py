@@ -5,8 +5,9 @@ kernel module is imported: Triton reads it when a kernel is decorated), so this 
 backend's bookkeeping (kv indices from kv_rows, qo_indptr, prefix lengths, KV store slots)
 on a tiny random-weight Llama, not speed. The batch mixes what the scheduler produces: a
 shared prefix served from the radix cache, prompts longer than the chunk (chunked prefill,
-extends over a cached prefix), and decode steps, at page sizes 1 and 16. The same test runs
-compiled on a GPU (`gpu` case).
+extends over a cached prefix) and decode steps, at page sizes 1 and 16 (MIXED forwards take
+the extend path, decodes as extends of one over their prefix; this batch does not produce
+one). The same test runs compiled on a GPU (`gpu` case).
 """
 
 from __future__ import annotations
@@ -117,3 +118,37 @@ def test_graph_runner_padding_keeps_tokens(tiny_folder: Path) -> None:
     finally:
         engine.shutdown()
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in expected]
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_mixed_forward_matches_the_reference(page_size: int) -> None:
+    """One MIXED forward (a new prefill chunk, a chunk over a cached prefix, three running
+    decodes) through the triton backend and the torch reference on the same pool, float32."""
+    from radixserve.engine.attention import create_attention_backend
+    from radixserve.engine.layers.radix_attention import RadixAttention
+    from radixserve.engine.model_executor.forward_batch import ForwardMode
+    from tests.engine.attention.test_grouped_backend import (
+        HEAD_DIM,
+        TOLERANCE,
+        make_batch,
+        make_pools,
+        prefill,
+    )
+
+    layer = RadixAttention(4, HEAD_DIM, HEAD_DIM**-0.5, 2, layer_id=0)
+    pools = make_pools(page_size, torch.float32, 2)
+    prefill(pools, [0, 1, 2, 3], [21, 5, 17, 33], layer)
+    rows, prefix, extend = [4, 3, 0, 1, 2], [0, 33, 21, 5, 17], [20, 9, 1, 1, 1]
+    fb = make_batch(pools, ForwardMode.MIXED, rows, prefix, extend)
+    gen = torch.Generator().manual_seed(page_size)
+    hq, hkv = 4 * HEAD_DIM, 2 * HEAD_DIM
+    q, k, v = torch.randn(sum(extend), hq + 2 * hkv, generator=gen).split([hq, hkv, hkv], -1)
+    outs = []
+    for name in ("torch", "triton"):
+        backend = create_attention_backend(name)
+        fb.attn_backend = backend
+        backend.init_forward_metadata(fb)
+        outs.append(backend.forward(q, k, v, layer, fb))
+    atol, rtol = TOLERANCE[torch.float32]
+    torch.testing.assert_close(outs[1], outs[0], atol=atol, rtol=rtol)

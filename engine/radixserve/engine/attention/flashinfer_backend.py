@@ -106,7 +106,7 @@ class FlashInferAttnBackend(AttentionBackend):
         if self._wrapper is None:
             self._wrapper = self._plan(fb, layer.scaling)
         cache = (k_buf.unsqueeze(1), v_buf.unsqueeze(1))  # pages of one token, NHD
-        q = q.reshape(-1, layer.num_heads, layer.head_dim)
+        q = q.reshape(-1, layer.num_heads, layer.head_dim).contiguous()  # q may be a qkv view
         out: torch.Tensor = self._wrapper.run(q, cache)
         return out.view(-1, layer.num_heads * layer.head_dim)
 
