@@ -35,7 +35,10 @@ ENV = {
     "RADIXSERVE_MAX_REQUEST_BODY_BYTES": str(LIMIT),
     "RADIXSERVE_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
 }
-WELL_FORMED = {"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 8}}
+WELL_FORMED = {
+    "input_ids": [5, 6, 7, 8],
+    "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+}
 
 
 @pytest.fixture(scope="module")

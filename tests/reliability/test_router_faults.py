@@ -65,7 +65,7 @@ def _flush(engines: list[Engine]) -> None:
 
 
 def _generate(url: str, prompt: list[int], timeout: float = 60) -> dict:
-    params = {"max_new_tokens": 1, "temperature": 0}
+    params = {"max_new_tokens": 1, "temperature": 0, "ignore_eos": True}
     resp = httpx.post(
         url + "/generate", json={"input_ids": prompt, "sampling_params": params}, timeout=timeout
     )
