@@ -151,7 +151,7 @@ def hf_model(cfg: dict[str, Any], device: torch.device, dtype: torch.dtype) -> A
     hf_cfg = tf.LlamaConfig(**{k: v for k, v in cfg.items() if k != "architectures"})
     torch.manual_seed(0)
     with torch.device(device):
-        model = tf.LlamaForCausalLM._from_config(hf_cfg, torch_dtype=dtype)
+        model = tf.LlamaForCausalLM._from_config(hf_cfg, dtype=dtype)  # transformers >= 4.56
     return model.eval()
 
 

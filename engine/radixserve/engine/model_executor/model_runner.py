@@ -186,7 +186,9 @@ class ModelRunner:
         return model
 
     def release_pools(self) -> None:
-        """Free the KV buffers now rather than whenever the runner is collected."""
+        """Free the KV buffers now rather than whenever the runner is collected (and the
+        decode graphs, which hold their addresses and their own memory pool)."""
+        self.graph_runner = None
         self.token_to_kv_pool.k_buffer.clear()
         self.token_to_kv_pool.v_buffer.clear()
 
