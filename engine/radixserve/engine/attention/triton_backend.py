@@ -138,8 +138,8 @@ class TritonAttnBackend(AttentionBackend):
         if g is None:
             raise RuntimeError("init_cuda_graph_state was not called")
         real, width = forward_batch.kv_rows.shape
-        g.kv_rows[:bs].zero_()
         g.kv_rows[:real, :width].copy_(forward_batch.kv_rows)
+        g.kv_rows[real:bs, :1].fill_(0)  # padding rows read one position: slot 0
         idx = self._fill_kv_indices(
             g.kv_rows[:bs], torch.arange(bs, device=seq_lens.device), seq_lens,
             kv_indices=g.kv_indices,
