@@ -97,7 +97,8 @@ class TritonAttnBackend(AttentionBackend):
 
     def _fill(self, rows: torch.Tensor, lens: torch.Tensor, total: int) -> KvIndices:
         """Per-token slots of each row's first `lens[i]` positions (no host sync)."""
-        buf = torch.empty(total, dtype=torch.int32, device=rows.device)
+        # never empty (an extend with no cached prefix has total 0): no null pointer to launch
+        buf = torch.empty(max(total, 1), dtype=torch.int32, device=rows.device)
         ids = torch.arange(rows.shape[0], device=rows.device)
         return self._fill_kv_indices(rows, ids, lens, kv_indices=buf)
 
