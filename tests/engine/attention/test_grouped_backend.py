@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -179,3 +180,17 @@ def test_forward_without_metadata_is_an_error() -> None:
 def test_the_kernel_builds_where_a_compiler_is() -> None:
     """Where g++ is, the default grouped backend must not silently fall back."""
     assert load_paged_kernel() is not None
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler: PyTorch path only")
+def test_the_kernel_builds_into_an_empty_cache_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh machine: the cache folder is created, the library built once, then reused."""
+    from radixserve.engine.attention.paged_cpu import build_library
+
+    monkeypatch.setenv("RADIXSERVE_KERNEL_CACHE", str(tmp_path / "kernels"))
+    first = build_library()
+    assert first.parent == tmp_path / "kernels" and first.is_file()
+    built_at = first.stat().st_mtime_ns
+    assert build_library() == first and first.stat().st_mtime_ns == built_at
