@@ -36,6 +36,7 @@ def put(cache: RadixCache, tokens: list[int]) -> None:
 @pytest.fixture()
 def hash_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
+
     def counting(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         return hash_pages(*args, **kwargs)
