@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import signal
 import socket
 import time
@@ -37,9 +38,9 @@ STARTUP_TIMEOUT_S = 600.0
 
 
 def _scheduler_main(
-    args: ServerArgs, ports: PortArgs, writer: Any, dp_rank: int, rank: RankSpec
+    args: ServerArgs, ports: PortArgs, writer: Any, dp_rank: int, rank: RankSpec, parent: int
 ) -> None:
-    die_with_parent()
+    die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_child_logging(
         args.log_level, f"scheduler-{dp_rank}-tp{rank.tp_rank}", args.log_format
@@ -49,8 +50,8 @@ def _scheduler_main(
     run_scheduler_process(args, ports, writer, dp_rank, rank)
 
 
-def _detokenizer_main(args: ServerArgs, ports: PortArgs) -> None:
-    die_with_parent()
+def _detokenizer_main(args: ServerArgs, ports: PortArgs, parent: int) -> None:
+    die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_child_logging(args.log_level, "detokenizer", args.log_format)
     from radixserve.engine.managers.detokenizer_manager import run_detokenizer_process
@@ -142,13 +143,16 @@ def launch_subprocesses(args: ServerArgs) -> ChildProcesses:
         procs.append(
             ctx.Process(
                 target=_scheduler_main,
-                args=(args, ports, writer, dp_rank, rank),
+                args=(args, ports, writer, dp_rank, rank, os.getpid()),
                 name=f"radixserve-scheduler-{dp_rank}-tp{rank.tp_rank}",
                 daemon=True,
             )
         )
     detok = ctx.Process(
-        target=_detokenizer_main, args=(args, ports), name="radixserve-detokenizer", daemon=True
+        target=_detokenizer_main,
+        args=(args, ports, os.getpid()),
+        name="radixserve-detokenizer",
+        daemon=True,
     )
     children = ChildProcesses(ports, {}, [*procs, detok])
     for p in children.procs:
