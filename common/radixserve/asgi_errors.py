@@ -99,8 +99,7 @@ class _BodyTooLarge(Exception):
 def body_too_large_body(limit: int) -> dict[str, Any]:
     return {
         "object": "error",
-        "message": f"body: the request body is larger than this server's limit of {limit} "
-        f"bytes (${MAX_BODY_ENV})",
+        "message": f"body: the request body is larger than this server's limit of {limit} bytes",
         "type": "RequestTooLargeError",
         "param": "body",
         "code": 413,

@@ -41,6 +41,7 @@ def run_router(args: argparse.Namespace) -> int:
         port=config.port,
         log_level=args.log_level,
         log_config=None,
-        http=header_timeout_protocol(),  # a connection that never sends its headers is closed
+        # a connection that never sends its headers is closed
+        http=header_timeout_protocol(config.header_timeout_s),
     )
     return 0

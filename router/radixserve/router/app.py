@@ -129,6 +129,7 @@ def create_app(config: RouterConfig) -> FastAPI:
     app.openapi = openapi_with_bodies(app.openapi, INFERENCE_BODIES)  # type: ignore[method-assign]
     if config.api_key:
         app.add_middleware(ClientKeyMiddleware, api_key=config.api_key)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes_from_env())
+    max_body = config.max_request_body_bytes or max_body_bytes_from_env()
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body)
     app.add_middleware(InternalErrorMiddleware)  # a bug is a JSON 500 naming the request id
     return app

@@ -47,6 +47,11 @@ class RouterConfig:
     session_header: str | None = None
     # approximate trees (targets without KV events): per-target token budget, LRU-trimmed
     approx_max_tokens: int = 1 << 22
+    # limits under abuse (None: $RADIXSERVE_MAX_REQUEST_BODY_BYTES / $RADIXSERVE_HEADER_TIMEOUT_S,
+    # else 32 MiB / 30 s, as the engine): a larger body is a 413; a connection whose request
+    # headers are not complete in time is closed
+    max_request_body_bytes: int | None = None
+    header_timeout_s: float | None = None
     # health checks and circuit breaker
     health_check_interval_s: float = 5.0
     health_check_timeout_s: float = 5.0
@@ -100,6 +105,10 @@ class RouterConfig:
                 f"inflight_ttl_s / inflight_max_tokens: must be > 0 / ≥ 0, got "
                 f"{self.inflight_ttl_s} / {self.inflight_max_tokens}"
             )
+        for name in ("max_request_body_bytes", "header_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name}: must be > 0, got {value}")
         if self.retry_max_attempts < 1:
             raise ValueError(f"retry_max_attempts: must be ≥ 1, got {self.retry_max_attempts}")
         if self.k8s_service and self.worker_urls:
@@ -127,6 +136,8 @@ _HELP = MappingProxyType(
         ),
         "inflight_ttl_s": "longest a routed prompt counts as arriving without its KV events",
         "inflight_max_tokens": "per-target token budget of the in-flight overlay",
+        "max_request_body_bytes": "a larger request body is a 413 (default 32 MiB)",
+        "header_timeout_s": "close a connection whose request headers take longer (default 30)",
     }
 )
 
