@@ -114,6 +114,8 @@ def test_unknown_kwarg_is_rejected_by_name() -> None:
     ("kwargs", "field"),
     [
         ({"tp_size": 0}, "tp_size"),
+        ({"max_request_body_bytes": 0}, "max_request_body_bytes"),
+        ({"header_timeout_s": -1.0}, "header_timeout_s"),
         ({"tp_size": 4, "dp_size": 3, "enable_dp_attention": True}, "dp_size"),
         ({"tp_size": 2, "dp_size": 2, "ep_size": 8}, "ep_size"),
         ({"tp_size": 4, "ep_size": 3}, "ep_size"),  # an EP group is ep_size TP ranks
@@ -124,7 +126,7 @@ def test_unknown_kwarg_is_rejected_by_name() -> None:
         ({"tp_size": 2, "dp_size": 2, "ep_size": 4, "enable_dp_attention": True}, "ep_size"),
     ],
 )
-def test_bad_parallel_layouts_are_refused_naming_the_flag(
+def test_bad_values_are_refused_naming_the_flag(
     kwargs: dict[str, object], field: str
 ) -> None:
     with pytest.raises(ValueError, match=f"^{field}:"):

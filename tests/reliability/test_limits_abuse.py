@@ -1,6 +1,7 @@
 """Limits under abuse, on one tiny engine and a router in front of it, both started here with a
-64 KiB body limit and a 2 s header deadline (the engine by its environment variables, the
-router by its flags), so the limits are cheap to reach:
+64 KiB body limit and a 2 s header deadline, so the limits are cheap to reach (the router by
+its flags; the engine by its `--max-request-body-bytes` flag and the environment variable
+`RADIXSERVE_HEADER_TIMEOUT_S`, so both ways of setting a limit are exercised):
 
 - a body over the limit is a JSON 413 naming the limit, by Content-Length or by a chunked
   upload that passes it; a body under it is judged on its content as before;
@@ -32,10 +33,7 @@ from tests.router.router_proc import Router, router_proc
 
 LIMIT = 65536
 HEADER_TIMEOUT_S = 2
-ENV = {
-    "RADIXSERVE_MAX_REQUEST_BODY_BYTES": str(LIMIT),
-    "RADIXSERVE_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
-}
+ENV = {"RADIXSERVE_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S)}
 WELL_FORMED = {
     "input_ids": [5, 6, 7, 8],
     "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
@@ -46,7 +44,8 @@ WELL_FORMED = {
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     folder: Path = save_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
     with live_server(
-        "--model-path", str(folder), "--max-total-tokens", "16384", env=ENV
+        "--model-path", str(folder), "--max-total-tokens", "16384",
+        "--max-request-body-bytes", str(LIMIT), env=ENV,
     ) as srv:  # fmt: skip
         yield srv
 

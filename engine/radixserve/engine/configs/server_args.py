@@ -73,6 +73,10 @@ class ServerArgs:
     kv_events_port: int | None = None  # publish KV events on tcp://host:port (+1: replay)
     kv_events_format: str = "map"  # map: SGLang 0.5.23 / vLLM 0.32 consumers; array: SGLang 0.5.6
     skip_server_warmup: bool = False
+    # abuse limits (None: $RADIXSERVE_MAX_REQUEST_BODY_BYTES / $RADIXSERVE_HEADER_TIMEOUT_S, else
+    # 32 MiB / 30 s): a larger body is a 413; a connection whose headers take longer is closed
+    max_request_body_bytes: int | None = None
+    header_timeout_s: float | None = None
     log_level: str = "warning"
     log_format: str = "text"  # text | json (one JSON object per line)
     log_requests: bool = False  # one INFO line per finished request (ids, tokens, latencies)
@@ -84,6 +88,9 @@ class ServerArgs:
     def __post_init__(self) -> None:
         _check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
         _check(self.page_size >= 1, "page_size", f"must be ≥ 1, got {self.page_size}")
+        for name in ("max_request_body_bytes", "header_timeout_s"):
+            value = getattr(self, name)
+            _check(value is None or value > 0, name, f"must be > 0, got {value}")
         _check(
             self.max_total_tokens is None or self.max_total_tokens > 0,
             "max_total_tokens",

@@ -87,7 +87,7 @@ def _describe(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, max_body_bytes: int | None = None) -> None:
     @app.exception_handler(InvalidRequest)
     async def _invalid(_: Request, exc: InvalidRequest) -> JSONResponse:
         return error_response(str(exc), 400, exc.field)
@@ -100,5 +100,6 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(_describe(exc), 400)
 
-    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes_from_env())
+    limit = max_body_bytes or max_body_bytes_from_env()  # --max-request-body-bytes, else env
+    app.add_middleware(BodyLimitMiddleware, max_bytes=limit)
     app.add_middleware(InternalErrorMiddleware)

@@ -277,7 +277,7 @@ class ApiKeyMiddleware:
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="radixserve engine")
     app.state.server = state
-    install_error_handlers(app)
+    install_error_handlers(app, state.args.max_request_body_bytes)
     if state.args.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=state.args.api_key)
     install_native_routes(app)

@@ -187,7 +187,8 @@ def serve(args: ServerArgs) -> int:
             log_config=None,  # uvicorn's records go to our root handler, in --log-format
             access_log=False,
             timeout_graceful_shutdown=5,
-            http=header_timeout_protocol(),  # a connection that never sends its headers is closed
+            # a connection that never sends its headers is closed (--header-timeout-s, else env)
+            http=header_timeout_protocol(args.header_timeout_s),
         )
         # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal.
         with contextlib.suppress(KeyboardInterrupt):
