@@ -127,22 +127,24 @@ def _consecutive_group(
         return GroupHandle.single(device)
     if size == spec.tp_size:
         return whole
-    mine = GroupHandle.single(device)
-    for start in range(0, spec.tp_size, size):
-        pg = dist.new_group(
-            list(range(start, start + size)), timeout=CONTROL_TIMEOUT, backend=backend
-        )
-        if start <= spec.tp_rank < start + size:
-            mine = GroupHandle(spec.tp_rank - start, size, pg, device)
-    return mine
+    starts = range(0, spec.tp_size, size)
+    return _my_group(spec, [list(range(a, a + size)) for a in starts], device, backend)
 
 
 def _strided_group(spec: RankSpec, stride: int, device: torch.device) -> GroupHandle:
     """Ranks {a, a + stride, a + 2·stride, …} for each a < stride: the attention-DP groups."""
+    partition = [list(range(a, spec.tp_size, stride)) for a in range(stride)]
+    return _my_group(spec, partition, device)
+
+
+def _my_group(
+    spec: RankSpec, partition: list[list[int]], device: torch.device, backend: str | None = None
+) -> GroupHandle:
+    """Create one process group per member list (every rank must create all of them, in the
+    same order) and return this rank's."""
     mine = GroupHandle.single(device)
-    for first in range(stride):
-        members = list(range(first, spec.tp_size, stride))
-        pg = dist.new_group(members, timeout=CONTROL_TIMEOUT)
+    for members in partition:
+        pg = dist.new_group(members, timeout=CONTROL_TIMEOUT, backend=backend)
         if spec.tp_rank in members:
             mine = GroupHandle(members.index(spec.tp_rank), len(members), pg, device)
     return mine
