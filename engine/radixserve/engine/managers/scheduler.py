@@ -60,7 +60,6 @@ class Scheduler:
         self.policy = SchedulePolicy(args.schedule_policy, tree_cache, args.random_seed)
         self.sampler = Sampler()
         self.total_retractions = 0
-        self.ended_unscheduled: list[Req] = []  # finished between steps (an aborted chunk)
         self.inflight: deque[InflightBatch] = deque()
         self.future_map = FutureMap(4 * (self.max_running_requests + 8), runner.device)
         self.worker = ForwardWorker(self.future_map) if args.overlap_schedule else None
@@ -132,7 +131,6 @@ class Scheduler:
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
         if self.chunked_req is not None:
             self.tree_cache.cache_unfinished_req(self.chunked_req)
-            self._end_aborted_chunked_req()
         last = self.last_batch
         if last is not None and last.forward_mode.is_extend_like():
             keep = [r for r in last.reqs if r is not self.chunked_req and not r.finished()]
@@ -146,16 +144,17 @@ class Scheduler:
             return self.update_running_batch()
         return None
 
-    def _end_aborted_chunked_req(self) -> None:
-        """An abort of a request being prefilled in chunks ends it now: its chunks so far stay
-        in the cache (they are a valid prefix), the rest of its prompt is never computed."""
+    def _end_aborted_chunked_req(self) -> list[Req]:
+        """An abort of a request being prefilled in chunks ends it before the next batch is
+        chosen: its chunks so far go to the cache (a valid prefix), the rest of its prompt is
+        never computed. Returns the request it ended, if any."""
         req = self.chunked_req
         if req is None or req.to_finish is None:
-            return
+            return []
         self.chunked_req = None
         req.finished_reason, req.to_finish = req.to_finish, None
         self.tree_cache.cache_finished_req(req)
-        self.ended_unscheduled.append(req)
+        return [req]
 
     def get_new_batch_prefill(self) -> ScheduleBatch | None:
         if not self.waiting_queue and self.chunked_req is None:
@@ -250,9 +249,8 @@ class Scheduler:
         last = self.inflight[-1] if self.inflight else None
         if last is not None and self.waiting_queue and last.batch.forward_mode.is_extend_like():
             updated += self._process_oldest()
+        updated += self._end_aborted_chunked_req()
         batch = self.get_next_batch_to_run()
-        updated += self.ended_unscheduled
-        self.ended_unscheduled = []
         self.last_batch = batch
         dp_meta = self.dp_sync.exchange(batch) if self.dp_sync is not None else None
         if batch is not None:
