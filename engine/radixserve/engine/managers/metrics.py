@@ -44,14 +44,16 @@ class EngineMetrics:
         def g(name: str, doc: str) -> Gauge:
             return Gauge(P + name, doc, labels, registry=reg)
 
+        ranked = [*labels, "dp_rank"]
+
         def rank_g(name: str, doc: str) -> Gauge:
-            return Gauge(P + name, doc, [*labels, "dp_rank"], registry=reg)
+            return Gauge(P + name, doc, ranked, registry=reg)
 
         def c(name: str, doc: str) -> Counter:
-            return Counter(P + name, doc, [*labels, "dp_rank"], registry=reg)
+            return Counter(P + name, doc, ranked, registry=reg)
 
         def h(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(P + name, doc, [*labels, "dp_rank"], buckets=buckets, registry=reg)
+            return Histogram(P + name, doc, ranked, buckets=buckets, registry=reg)
 
         self.num_running_reqs = rank_g("num_running_reqs", "Requests running on the scheduler")
         self.num_queue_reqs = rank_g("num_queue_reqs", "Requests waiting in the scheduler queue")

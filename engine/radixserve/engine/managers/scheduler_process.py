@@ -205,11 +205,10 @@ def _channels(
     )
 
 
-def _set_cpu_threads(args: ServerArgs, rank: RankSpec) -> None:
+def _set_cpu_threads(args: ServerArgs) -> None:
     # Ranks on one CPU share its cores: without a cap each would start one thread per core.
-    ranks = rank.tp_size if args.enable_dp_attention else rank.tp_size * args.dp_size
-    if args.device == "cpu" and ranks > 1:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
+    if args.device == "cpu" and args.num_ranks > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.num_ranks))
 
 
 def run_scheduler_process(
@@ -223,7 +222,7 @@ def run_scheduler_process(
     serve forever."""
     rank = rank or RankSpec()
     args = rank_args(args, rank, dp_rank)
-    _set_cpu_threads(args, rank)
+    _set_cpu_threads(args)
     ctx = zmq.Context()
     publisher = None
     try:
