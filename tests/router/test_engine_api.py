@@ -33,6 +33,7 @@ from radixserve.router.engine_api import split_engine_api, vllm_block_size, vllm
 from radixserve.router.mirror.index import CacheIndex
 from radixserve.router.workers import WorkerRegistry
 from tests.router.mirror.replica import Replica, until
+from tests.router.router_proc import router_proc
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 METRICS = (FIXTURES / "vllm-0.32-metrics.txt").read_text()
@@ -161,5 +162,38 @@ def test_sglang_style_workers_still_probe_by_server_info(vllm: VllmDouble) -> No
             worker = registry.add("sglang+" + vllm.url)
             await registry.check(worker)
             assert not worker.healthy and worker.not_ready == "/server_info answered 404"
+
+    asyncio.run(scenario())
+
+
+def test_admin_post_takes_an_engine_prefixed_url_like_the_command_line(vllm: VllmDouble) -> None:
+    """`POST /workers {"url": "vllm+http://…"}` registers a vLLM worker (as `--worker-urls`
+    does); `sglang+` forces SGLang's probe (a 400 naming /server_info here); an unknown
+    prefix is a 400 naming `url`."""
+    auth = {"authorization": "Bearer k"}
+
+    async def scenario() -> None:
+        assert BLOCK is not None
+        replica = Replica(vllm.kv_port, page_size=BLOCK, topic=SOURCES["0"]["topic"].encode())
+        replica.serve()
+        with router_proc([], "--admin-key", "k") as router:
+            async with httpx.AsyncClient(base_url=router.url, headers=auth, timeout=30) as c:
+                resp = await c.post("/workers", json={"url": "vllm+" + vllm.url + "/"})
+                assert resp.status_code == 201, resp.text
+                body = resp.json()
+                assert (body["url"], body["engine_api"], body["page_size"]) == (
+                    vllm.url, "vllm", BLOCK
+                )  # fmt: skip
+                assert body["healthy"] and body["kv_events"]
+                resp = await c.post("/workers", json={"url": vllm.url})
+                assert resp.status_code == 400 and "already registered" in resp.text
+                resp = await c.delete("/workers", params={"url": "vllm+" + vllm.url})
+                assert resp.status_code == 200 and resp.json() == {"removed": vllm.url}
+                resp = await c.post("/workers", json={"url": "sglang+" + vllm.url})
+                assert resp.status_code == 400 and "/server_info answered 404" in resp.text
+                resp = await c.post("/workers", json={"url": "tgi+" + vllm.url})
+                assert resp.status_code == 400 and resp.json()["message"].startswith("url:")
+                assert (await c.get("/workers")).json()["workers"] == []
+        await replica.close()
 
     asyncio.run(scenario())

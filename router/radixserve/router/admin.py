@@ -1,10 +1,11 @@
 """The admin API, behind `Authorization: Bearer <admin key>`: `GET/POST/DELETE /workers` and
 `POST /flush_cache` (every healthy worker flushes its radix cache).
 
-POST registers a worker only after it answered `/server_info` (an unreachable URL is a 400,
-not a silent pending entry); DELETE drops it and its mirrors. A flush empties the mirrors too,
-through the workers' AllBlocksCleared events. Without `--admin-key` the API is closed: every
-call is a 401 that says how to open it.
+POST registers a worker only after its engine answered (`/server_info`, or vLLM's endpoints;
+the URL may name the engine API as on the command line, `vllm+http://host:port`; an
+unreachable URL is a 400, not a silent pending entry); DELETE drops it and its mirrors. A
+flush empties the mirrors too, through the workers' AllBlocksCleared events. Without
+`--admin-key` the API is closed: every call is a 401 that says how to open it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from radixserve.router.engine_api import split_engine_api
 from radixserve.router.proxy import error_response
 from radixserve.router.targets import KVEndpoint, normalize_url
 
@@ -60,11 +62,14 @@ async def _add_worker(request: Request) -> Response:
     if not isinstance(body, dict) or not isinstance(body.get("url"), str):
         return error_response("url: expected a string such as http://host:port", 400)
     try:
-        url = normalize_url(body["url"])
         kv = _kv_events(body.get("kv_events"))
-        worker = state.registry.add(url, body.get("api_key"), source="admin", kv_override=kv)
+        # As on the command line: `vllm+http://h:p` / `sglang+http://h:p` name the engine API.
+        worker = state.registry.add(
+            body["url"], body.get("api_key"), source="admin", kv_override=kv
+        )
     except ValueError as exc:
         return error_response(str(exc), 400)
+    url = worker.url
     try:
         await state.registry.probe(worker)
     except (httpx.HTTPError, ValueError, KeyError) as exc:
@@ -118,7 +123,9 @@ def install_admin_routes(app: FastAPI) -> None:
             return denied
         url = url or request.query_params.get("url", "")
         try:
-            worker = await request.app.state.router.registry.remove(normalize_url(url))
+            worker = await request.app.state.router.registry.remove(
+                normalize_url(split_engine_api(url)[1])
+            )
         except (KeyError, ValueError):
             return error_response(f"url: no worker {url} is registered", 404)
         return JSONResponse({"removed": worker.url})
