@@ -7,7 +7,9 @@ operator's real handlers run by kopf:
 - the API server answering calls on the children with 500, 409, a dropped connection or a
   slow answer, in turn, and ending every watch with a 410 (Expired) event: the operator
   retries at a bounded rate (no hot loop), the status never claims more than the children
-  show, and it converges once the faults stop.
+  show, and it converges once the faults stop;
+- every watch request answered with an HTTP 410 Gone (not the event inside a stream): the
+  operator lists again and goes on reconciling instead of ending.
 
 The fault layer is a subclass of the test emulator that decides, per request, to answer with
 kmock's own Kubernetes error object, to close the connection, or to wait first.
@@ -252,5 +254,49 @@ def test_api_faults_are_retried_with_backoff_status_stays_honest_and_it_converge
                 f"operator faults: {tried} calls failed and {api.watches_expired} watches "
                 f"expired in {FAULT_WINDOW_S} s, then converged"
             )
+
+    asyncio.run(scenario())
+
+
+GONE_WINDOW_S = 2.0
+
+
+def test_watch_requests_answered_410_gone_list_again_and_it_keeps_reconciling() -> None:
+    gone = asyncio.Event()
+    answered = {"watch 410": 0, "list": 0}
+
+    def fault(request: rendering.Request) -> Any:
+        if not gone.is_set():
+            return None
+        if request.action == enums.action.LIST:
+            answered["list"] += 1
+        if request.action == enums.action.WATCH:
+            answered["watch 410"] += 1
+            return _error(410, "Expired")  # the answer to the request, before any stream
+        return None
+
+    async def scenario() -> None:
+        async with FaultyApiServer(fault=fault) as api, kmock.Server(api):
+            api.declare_resources()
+            k8s = Cluster(api)
+            async with embedded_operator(api) as running:
+                gone.set()
+                # Created while no watch can start: only a fresh list shows it to kopf.
+                isvc = await k8s.create("chat", SMOLLM_CPU)
+
+                async def reconciled() -> bool:
+                    assert not running.done(), "the operator ended on a 410 answer to a watch"
+                    return set(await _all_children(k8s)) == set(CHILDREN)
+
+                await eventually(reconciled, "children made while every watch is 410", 30)
+                await asyncio.sleep(GONE_WINDOW_S)
+                assert not running.done(), "the operator ended on a 410 answer to a watch"
+                # every watched kind was listed again after its watch was refused, many times
+                assert answered["watch 410"] >= 2 * len(KINDS), answered
+                assert answered["list"] >= answered["watch 410"] // 2, answered
+                gone.clear()
+                await _converged(k8s, isvc["metadata"]["uid"])
+                assert not running.done()
+            print(f"watch 410 Gone: {answered}, then converged")
 
     asyncio.run(scenario())

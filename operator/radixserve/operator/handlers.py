@@ -8,6 +8,8 @@
   `resync_seconds`; it never raises, so an invalid spec causes no retry loop there either.
 - delete: remove the children that we own (owner references let the garbage collector do the
   same; deleting them here makes the teardown prompt and visible).
+- a watch request answered with HTTP 410 Gone lists again instead of ending the operator
+  (`relist.install()`, done by `register()`).
 
 `register()` puts them into a registry, so tests run the same handlers in a fresh one.
 """
@@ -26,6 +28,7 @@ import aiohttp
 import kopf
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from radixserve.operator import relist
 from radixserve.operator.builders import build_children, child_refs
 from radixserve.operator.config import (
     ANNOTATION_PREFIX,
@@ -249,6 +252,7 @@ def register(
     registry: kopf.OperatorRegistry, config: OperatorConfig, login: LoginFn = default_login
 ) -> Runtime:
     """Put every handler of the operator into `registry`; returns their shared state."""
+    relist.install()
     rt = Runtime(config, login)
     isvc = (GROUP, VERSION, PLURAL)
     kopf.on.startup(registry=registry)(rt.startup)
