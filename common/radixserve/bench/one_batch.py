@@ -16,10 +16,12 @@ so host clocks measure the work itself.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 from radixserve.bench.report import print_table, write_json
@@ -40,6 +42,16 @@ def add_one_batch_parser(sub: Any) -> None:
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--output-file", default="bench-results/one_batch.json")
+    p.add_argument(
+        "--disable-cpu-fused-ops",
+        action="store_true",
+        help="PyTorch norm/SiLU/rotary instead of the fused C++ ops (an A/B)",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="torch.profiler over prefill and decode: print the top ops by self CPU time",
+    )
     p.set_defaults(handler=run_one_batch)
 
 
@@ -147,6 +159,20 @@ def _step(runner: Any, timer: StageTimer, fb: Any, info: Any, label: str) -> dic
     return {"row": row, "ids": ids.tolist()}
 
 
+@contextlib.contextmanager
+def _maybe_profile(enabled: bool, label: str) -> Iterator[None]:
+    """torch.profiler around one stage; prints its top ops by self CPU time to stderr."""
+    if not enabled:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        yield
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    print(f"\n[profile] {label}\n{table}", file=sys.stderr, flush=True)
+
+
 def _mean_rows(rows: list[dict[str, Any]], label: str) -> dict[str, Any]:
     out: dict[str, Any] = {"stage": label}
     for col in COLUMNS[1:]:
@@ -200,6 +226,7 @@ def run_one_batch(args: argparse.Namespace) -> int:
         page_size=args.page_size,
         max_total_tokens=_pool_tokens(bs, n_in + n_out, args.page_size) + n_pre,
         disable_overlap_schedule=True,
+        disable_cpu_fused_ops=args.disable_cpu_fused_ops,
     )
     runner, vocab = engine.runner, engine.model_config.vocab_size
     rng = random.Random(args.seed)
@@ -211,14 +238,16 @@ def run_one_batch(args: argparse.Namespace) -> int:
     pre = _shared_prefix(runner, timer, rows, shared, vocab) if n_pre else None
     reqs = {"rows": rows, "prefix": [n_pre] * bs, "extend": [n_in] * bs}
     reqs["input_ids"] = [t for p in prompts for t in p]
-    first = _step(runner, timer, _batch(runner, ForwardMode.EXTEND, reqs), info, "prefill")
+    with _maybe_profile(args.profile, "prefill"):
+        first = _step(runner, timer, _batch(runner, ForwardMode.EXTEND, reqs), info, "prefill")
     decode_rows, ids = [], first["ids"]
-    for i in iter_progress(range(n_out - 1), "one-batch decode", unit="step"):
-        start = n_pre + n_in + i
-        reqs = {"rows": rows, "prefix": [start] * bs, "extend": [1] * bs, "input_ids": ids}
-        out = _step(runner, timer, _batch(runner, ForwardMode.DECODE, reqs), info, "decode")
-        decode_rows.append(out["row"])
-        ids = out["ids"]
+    with _maybe_profile(args.profile, f"decode ({n_out - 1} steps)"):
+        for i in iter_progress(range(n_out - 1), "one-batch decode", unit="step"):
+            start = n_pre + n_in + i
+            reqs = {"rows": rows, "prefix": [start] * bs, "extend": [1] * bs, "input_ids": ids}
+            out = _step(runner, timer, _batch(runner, ForwardMode.DECODE, reqs), info, "decode")
+            decode_rows.append(out["row"])
+            ids = out["ids"]
     timer.remove()
     engine.shutdown()
     table = [first["row"], _mean_rows(decode_rows, "decode (mean/step)")]

@@ -187,10 +187,11 @@ def test_the_kernel_builds_into_an_empty_cache_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A fresh machine: the cache folder is created, the library built once, then reused."""
-    from radixserve.engine.attention.paged_cpu import build_library
+    from radixserve.engine.attention.paged_cpu import SOURCE
+    from radixserve.kernels.cpu.build import build_library
 
     monkeypatch.setenv("RADIXSERVE_KERNEL_CACHE", str(tmp_path / "kernels"))
-    first = build_library()
+    first = build_library(SOURCE)
     assert first.parent == tmp_path / "kernels" and first.is_file()
     built_at = first.stat().st_mtime_ns
-    assert build_library() == first and first.stat().st_mtime_ns == built_at
+    assert build_library(SOURCE) == first and first.stat().st_mtime_ns == built_at

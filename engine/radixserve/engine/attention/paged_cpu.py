@@ -1,41 +1,25 @@
-"""The C++ paged attention kernel for the CPU (`paged_attention_cpu.cpp`): build, cache, call.
+"""The C++ paged attention kernel for the CPU (`paged_attention_cpu.cpp`): load and call.
 
 The kernel reads every query row's keys and values straight from the KV pool's slots, so a
-decode step no longer gathers each request's whole history per layer. It is plain C++ with
-OpenMP and no torch headers: g++ builds it in seconds, once per source/flags/compiler/CPU
-(the `.so` lands in a cache folder under a content hash, written atomically, with a file lock
-so that parallel test processes build it once). It shares torch's OpenMP runtime (torch
-ships `libgomp.so.1` and the kernel asks for that soname), so `torch.set_num_threads` rules
-both. Without a compiler, or when the build fails, `load_paged_kernel` returns None and the
-grouped backend keeps its pure-PyTorch path (which is also the kernel's test oracle, with
-the reference backend).
+decode step no longer gathers each request's whole history per layer. It is built and cached
+by `radixserve.kernels.cpu.build` (g++ on first use). Without a compiler, or when the build
+fails, `load_paged_kernel` returns None and the grouped backend keeps its pure-PyTorch path
+(which is also the kernel's test oracle, with the reference backend).
 """
 
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import functools
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-logger = logging.getLogger(__name__)
+from radixserve.kernels.cpu.build import load_library
 
 SOURCE = Path(__file__).with_name("paged_attention_cpu.cpp")
-# -ffast-math only when compiling (vectorised exp, reassociated dot products): linking with it
-# would pull in crtfastmath.o, which turns on flush-to-zero for the whole process.
-COMPILE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-std=c++17")
-LINK_FLAGS = ("-shared", "-fopenmp", "-lmvec", "-lm")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 _ARGTYPES: list[Any] = [
     ctypes.c_int,
@@ -44,68 +28,6 @@ _ARGTYPES: list[Any] = [
     ctypes.c_float,
     ctypes.c_int,
 ]
-
-
-def cache_dir() -> Path:
-    """$RADIXSERVE_KERNEL_CACHE, else $XDG_CACHE_HOME/radixserve/kernels (~/.cache)."""
-    explicit = os.environ.get("RADIXSERVE_KERNEL_CACHE")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "radixserve" / "kernels"
-
-
-def _cpu_flags() -> str:
-    """The CPU's feature flags (-march=native code is only valid where they match)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _build_key(compiler: str) -> str:
-    version = subprocess.run(
-        [compiler, "--version"], capture_output=True, text=True, check=True, timeout=30
-    ).stdout
-    h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(COMPILE_FLAGS + LINK_FLAGS).encode()):
-        h.update(part)
-    h.update(version.encode())
-    h.update(_cpu_flags().encode())
-    return h.hexdigest()[:16]
-
-
-def _compile(compiler: str, target: Path) -> None:
-    """Compile and link into a temporary file beside `target`, then rename it into place."""
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        obj, lib = Path(tmp) / "k.o", Path(tmp) / target.name
-        for cmd in (
-            [compiler, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", str(obj)],
-            [compiler, str(obj), "-o", str(lib), *LINK_FLAGS],
-        ):
-            subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
-        os.replace(lib, target)
-
-
-def build_library() -> Path:
-    """The cached shared library, built first if absent. Raises on any build failure."""
-    compiler = shutil.which(os.environ.get("CXX", "g++"))
-    if compiler is None:
-        raise FileNotFoundError("no C++ compiler (g++ or $CXX) on PATH")
-    folder = cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / f"paged_attention_cpu-{_build_key(compiler)}.so"
-    if target.exists():
-        return target
-    with open(folder / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not target.exists():
-            logger.info("attention: building the CPU paged attention kernel into %s", target)
-            _compile(compiler, target)
-    return target
 
 
 @dataclass(frozen=True)
@@ -170,14 +92,10 @@ class PagedAttentionKernel:
 @functools.cache
 def load_paged_kernel() -> PagedAttentionKernel | None:
     """The kernel, built or taken from the cache once per process; None where it can't be."""
-    try:
-        lib = ctypes.CDLL(str(build_library()))
-    except (OSError, subprocess.SubprocessError) as exc:
-        detail = getattr(exc, "stderr", "") or exc
-        logger.warning("attention: CPU kernel unavailable, using the PyTorch path: %s", detail)
+    lib = load_library(SOURCE, "CPU paged attention kernel")
+    if lib is None:
         return None
     fn = lib.radixserve_paged_attention
     fn.restype = ctypes.c_int
     fn.argtypes = _ARGTYPES
-    logger.info("attention: CPU paged attention kernel loaded from %s", lib._name)
     return PagedAttentionKernel(fn)

@@ -1,4 +1,8 @@
-"""SiLU-and-multiply: the gated MLP activation over a fused [gate | up] projection."""
+"""SiLU-and-multiply: the gated MLP activation over a fused [gate | up] projection.
+
+On the CPU the model runner hands it the fused C++ op (`fused`): one pass instead of three
+PyTorch ops and two temporaries, the same roundings; PyTorch is the path elsewhere.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixserve.kernels.cpu.fused_ops import CpuFusedOps
+
 
 class SiluAndMul(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fused: CpuFusedOps | None = None  # set by the model runner on the CPU
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [num_tokens, 2 * d] → [num_tokens, d]."""
+        if self.fused is not None:
+            out = self.fused.silu_and_mul(x)
+            if out is not None:
+                return out
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]

@@ -1,9 +1,16 @@
-"""RMSNorm with an optional fused residual add (the decoder-layer calling convention)."""
+"""RMSNorm with an optional fused residual add (the decoder-layer calling convention).
+
+On the CPU the model runner hands every norm the fused C++ op (`fused`, see
+`radixserve.kernels.cpu.fused_ops`): one pass per row instead of six PyTorch ops, the same
+roundings. The PyTorch code below stays the path everywhere else and the kernel's oracle.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from radixserve.kernels.cpu.fused_ops import CpuFusedOps
 
 
 class RMSNorm(nn.Module):
@@ -11,6 +18,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.fused: CpuFusedOps | None = None  # set by the model runner on the CPU
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 like the HF reference, then cast back before the weight.
@@ -23,6 +31,10 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x, residual: [num_tokens, hidden]. Returns (norm(x + residual), x + residual)."""
+        if self.fused is not None:
+            out = self.fused.rmsnorm(x, self.weight, self.eps, residual)
+            if out is not None:
+                return out
         if residual is not None:
             x = x + residual
         return self._norm(x), x

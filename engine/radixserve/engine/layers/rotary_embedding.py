@@ -4,7 +4,8 @@ the supported configs use: default, linear, llama3 and yarn.
 The cos/sin table is computed once for all positions up to max_position in float32, and one
 table serves every layer of a model: the model gathers the batch's rows once per forward
 (`cos_sin`) and each attention layer applies them (`apply_rotary`), so any mix of requests
-and offsets works.
+and offsets works. On the CPU the model runner hands the module the fused C++ op (`fused`),
+which rotates q and k in place in one pass with the PyTorch path's roundings.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from radixserve.engine.configs.model_config import RopeScaling
+from radixserve.kernels.cpu.fused_ops import CpuFusedOps
 
 
 def _base_inv_freq(head_dim: int, base: float) -> torch.Tensor:
@@ -84,13 +86,17 @@ class RotaryCosSin(NamedTuple):
 
     cos: torch.Tensor  # [T, 1, D], the model dtype, on the model's device
     sin: torch.Tensor  # [T, 1, D]
+    fused: CpuFusedOps | None = None  # the CPU op, where the model runner set one
 
 
 def apply_rotary(
     q: torch.Tensor, k: torch.Tensor, rope: RotaryCosSin
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: [T, Hq, D]; k: [T, Hkv, D]. Returns rotated (q, k)."""
-    cos, sin = rope
+    """q: [T, Hq, D]; k: [T, Hkv, D]. Returns rotated (q, k): with the fused op, q and k
+    themselves, rotated in place (they are views of the fresh qkv projection)."""
+    cos, sin, fused = rope
+    if fused is not None and fused.rotary_(q, k, cos, sin):
+        return q, k
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
@@ -102,6 +108,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_position: int, base: float, scaling: RopeScaling) -> None:
         super().__init__()
+        self.fused: CpuFusedOps | None = None  # set by the model runner on the CPU
         inv_freq, mscale = compute_inv_freq(head_dim, base, scaling, max_position)
         t = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)
@@ -114,4 +121,4 @@ class RotaryEmbedding(nn.Module):
         """positions: [T] int64 → the rows of both tables, cast to `dtype`."""
         cos = self.cos_cached[positions].unsqueeze(1).to(dtype)
         sin = self.sin_cached[positions].unsqueeze(1).to(dtype)
-        return RotaryCosSin(cos, sin)
+        return RotaryCosSin(cos, sin, self.fused)

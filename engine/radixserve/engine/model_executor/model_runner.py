@@ -21,8 +21,11 @@ from radixserve.engine.attention.spec import AttentionSpec
 from radixserve.engine.configs.model_config import ModelConfig
 from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.distributed import ParallelGroups
+from radixserve.engine.layers.activation import SiluAndMul
+from radixserve.engine.layers.layernorm import RMSNorm
 from radixserve.engine.layers.logits_processor import LogitsProcessorOutput
 from radixserve.engine.layers.parallel_linear import kv_head_layout
+from radixserve.engine.layers.rotary_embedding import RotaryEmbedding
 from radixserve.engine.mem_cache import MHATokenToKVPool, ReqToTokenPool, create_allocator
 from radixserve.engine.model_executor.cuda_graph_runner import (
     DEFAULT_MAX_BS as DEFAULT_GRAPH_MAX_BS,
@@ -32,6 +35,7 @@ from radixserve.engine.model_executor.forward_batch import ForwardBatch
 from radixserve.engine.model_loader.loader import LoadedModelFiles
 from radixserve.engine.models import get_model_class
 from radixserve.engine.models.base import CausalLM
+from radixserve.kernels.cpu.fused_ops import load_fused_ops
 from radixserve.logging_setup import iter_progress
 
 logger = logging.getLogger(__name__)
@@ -96,6 +100,7 @@ class ModelRunner:
         self.device = torch.device(args.device)
         self.groups = groups or ParallelGroups.single(self.device)
         self.model = model if model is not None else self._load_model(files)
+        self._attach_cpu_fused_ops()
         c = self.model_config
         self.num_local_kv_heads = kv_head_layout(
             c.num_key_value_heads, self.groups.attn_tp
@@ -128,6 +133,18 @@ class ModelRunner:
             c.dtype,
             self.sizes.source,
         )
+
+    def _attach_cpu_fused_ops(self) -> None:
+        """On the CPU, hand every norm, activation and rotary module the fused C++ ops (each
+        falls back to its PyTorch code for tensors the op does not take)."""
+        if self.device.type != "cpu" or self.args.disable_cpu_fused_ops:
+            return
+        ops = load_fused_ops()
+        if ops is None:  # no compiler or a failed build: logged, PyTorch serves
+            return
+        for module in self.model.modules():
+            if isinstance(module, (RMSNorm, SiluAndMul, RotaryEmbedding)):
+                module.fused = ops
 
     def _create_backend(self) -> AttentionBackend:
         c, name = self.model_config, self.args.resolved_attention_backend

@@ -1,0 +1,104 @@
+"""Build, cache and load one C++ source of the CPU kernels as a shared library.
+
+The sources are plain C++ with OpenMP and no torch headers, so g++ builds each in seconds,
+once per source/flags/compiler/CPU: the `.so` lands in a cache folder under a content hash,
+written atomically, with a file lock so that parallel test processes build it once. A library
+shares torch's OpenMP runtime (torch ships `libgomp.so.1` and the library asks for that
+soname), so `torch.set_num_threads` rules both. Without a compiler, or when a build fails,
+`load_library` returns None and the caller keeps its PyTorch path (which is also the kernel's
+test oracle).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+# -ffast-math only when compiling (vectorised exp, reassociated dot products): linking with it
+# would pull in crtfastmath.o, which turns on flush-to-zero for the whole process.
+COMPILE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-std=c++17")
+LINK_FLAGS = ("-shared", "-fopenmp", "-lmvec", "-lm")
+
+
+def cache_dir() -> Path:
+    """$RADIXSERVE_KERNEL_CACHE, else $XDG_CACHE_HOME/radixserve/kernels (~/.cache)."""
+    explicit = os.environ.get("RADIXSERVE_KERNEL_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "radixserve" / "kernels"
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (-march=native code is only valid where they match)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _build_key(source: Path, compiler: str) -> str:
+    version = subprocess.run(
+        [compiler, "--version"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    h = hashlib.sha256()
+    for part in (source.read_bytes(), " ".join(COMPILE_FLAGS + LINK_FLAGS).encode()):
+        h.update(part)
+    h.update(version.encode())
+    h.update(_cpu_flags().encode())
+    return h.hexdigest()[:16]
+
+
+def _compile(source: Path, compiler: str, target: Path) -> None:
+    """Compile and link into a temporary file beside `target`, then rename it into place."""
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        obj, lib = Path(tmp) / "k.o", Path(tmp) / target.name
+        for cmd in (
+            [compiler, *COMPILE_FLAGS, "-c", str(source), "-o", str(obj)],
+            [compiler, str(obj), "-o", str(lib), *LINK_FLAGS],
+        ):
+            subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
+        os.replace(lib, target)
+
+
+def build_library(source: Path) -> Path:
+    """The cached shared library of `source`, built first if absent. Raises on a failure."""
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if compiler is None:
+        raise FileNotFoundError("no C++ compiler (g++ or $CXX) on PATH")
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{source.stem}-{_build_key(source, compiler)}.so"
+    if target.exists():
+        return target
+    with open(folder / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.exists():
+            logger.info("kernels: building %s into %s", source.name, target)
+            _compile(source, compiler, target)
+    return target
+
+
+def load_library(source: Path, what: str) -> ctypes.CDLL | None:
+    """The loaded library of `source`, or None (logged once as a warning naming `what`)."""
+    try:
+        lib = ctypes.CDLL(str(build_library(source)))
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        logger.warning("kernels: %s unavailable, using the PyTorch path: %s", what, detail)
+        return None
+    logger.info("kernels: %s loaded from %s", what, lib._name)
+    return lib
