@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import typing
 from typing import Any
 
@@ -100,7 +101,8 @@ def test_defaults_are_valid() -> None:
     assert args.page_size == 1
     assert args.max_prefill_tokens == 16384
     assert args.schedule_policy == "lpm"
-    assert args.chunk_size == 1024  # CPU default
+    # CPU default: 128 tokens per core of the rank, within [256, 2048]
+    assert args.chunk_size == max(256, min(2048, 128 * len(os.sched_getaffinity(0))))
     assert not args.overlap_schedule  # off on CPU
     assert args.resolved_attention_backend == "grouped"
 
@@ -126,9 +128,7 @@ def test_unknown_kwarg_is_rejected_by_name() -> None:
         ({"tp_size": 2, "dp_size": 2, "ep_size": 4, "enable_dp_attention": True}, "ep_size"),
     ],
 )
-def test_bad_values_are_refused_naming_the_flag(
-    kwargs: dict[str, object], field: str
-) -> None:
+def test_bad_values_are_refused_naming_the_flag(kwargs: dict[str, object], field: str) -> None:
     with pytest.raises(ValueError, match=f"^{field}:"):
         ServerArgs.from_kwargs(**kwargs)
 
@@ -169,10 +169,22 @@ def test_from_kwargs_builds_known_fields() -> None:
 
 @pytest.mark.parametrize(
     ("value", "device", "expected"),
-    [(-1, "cpu", None), (None, "cpu", 1024), (None, "cuda", None), (8, "cpu", 8), (1, "cpu", 1)],
+    [(-1, "cpu", None), (None, "cuda", None), (8, "cpu", 8), (1, "cpu", 1)],
 )
 def test_chunk_size_property(value: int | None, device: str, expected: int | None) -> None:
     assert ServerArgs(chunked_prefill_size=value, device=device).chunk_size == expected
+
+
+@pytest.mark.parametrize(
+    ("cores", "tp", "expected"), [(2, 1, 256), (8, 1, 1024), (64, 1, 2048), (8, 4, 256)]
+)
+def test_cpu_chunk_default_follows_the_cores_of_a_rank(
+    monkeypatch: pytest.MonkeyPatch, cores: int, tp: int, expected: int
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cores)))
+    args = ServerArgs(tp_size=tp)
+    assert args.cpu_threads_per_rank == cores // tp
+    assert args.chunk_size == expected
 
 
 @pytest.mark.parametrize(
@@ -214,9 +226,10 @@ def test_resolved_dtype(dtype: str, device: str, expected: str) -> None:
 
 
 def test_effective_settings_name_the_resolved_values() -> None:
-    line = ServerArgs(device="cpu", dtype="float32").effective_settings()
+    args = ServerArgs(device="cpu", dtype="float32")
+    line = args.effective_settings()
     assert "dtype=float32" in line and "attention_backend=grouped" in line
-    assert "chunked_prefill_size=1024" in line and "overlap_schedule=False" in line
+    assert f"chunked_prefill_size={args.chunk_size}" in line and "overlap_schedule=False" in line
 
 
 def test_server_args_are_frozen() -> None:

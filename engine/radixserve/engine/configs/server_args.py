@@ -6,6 +6,7 @@ name the field, then passed down; lower layers receive only the slices they need
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,11 @@ if TYPE_CHECKING:  # model_config imports torch: the router's CLI parses engine 
 POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 EVICTION_POLICIES = ("lru", "lfu", "fifo")
-CPU_CHUNKED_PREFILL_SIZE = 1024
+# CPU chunked prefill: about 128 tokens per core of a rank (256 on 2 cores, at most 2048), so a
+# chunk takes ~0.2 s: requests queued together get their first tokens group by group instead
+# of all after one long forward (mean TTFT), and running decodes wait at most one chunk.
+CPU_PREFILL_TOKENS_PER_CORE = 128
+CPU_CHUNKED_PREFILL_BOUNDS = (256, 2048)
 A2A_BACKENDS = ("none", "all_to_all")  # --moe-a2a-backend (layers.moe_dispatch)
 LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue")  # managers.data_parallel_controller
 
@@ -204,10 +209,19 @@ class ServerArgs:
     def chunk_size(self) -> int | None:
         """Chunked prefill budget in tokens, or None when chunking is off."""
         if self.chunked_prefill_size is None:
-            return CPU_CHUNKED_PREFILL_SIZE if self.device == "cpu" else None
+            return self._cpu_chunk_default() if self.device == "cpu" else None
         if self.chunked_prefill_size == -1:
             return None
         return self.chunked_prefill_size
+
+    def _cpu_chunk_default(self) -> int:
+        low, high = CPU_CHUNKED_PREFILL_BOUNDS
+        return max(low, min(high, CPU_PREFILL_TOKENS_PER_CORE * self.cpu_threads_per_rank))
+
+    @property
+    def cpu_threads_per_rank(self) -> int:
+        """Torch threads of each scheduler process on a CPU: its share of the usable cores."""
+        return max(1, len(os.sched_getaffinity(0)) // self.num_ranks)
 
     @property
     def num_ranks(self) -> int:

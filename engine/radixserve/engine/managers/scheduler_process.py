@@ -13,7 +13,7 @@ come from `SchedulerCore`.
 from __future__ import annotations
 
 import logging
-import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
@@ -92,13 +92,34 @@ class SchedulerLoop:
             msgs = self.ch.recv.poll(IDLE_POLL_MS if self.scheduler.may_idle() else 0)
             for msg in msgs:
                 self.handlers[type(msg)](msg)
-            updated = self.scheduler.step() if self.scheduler.needs_step() else []
+            updated = []
+            if self.scheduler.needs_step():
+                started = time.perf_counter()
+                updated = self.scheduler.step()
+                if logger.isEnabledFor(logging.DEBUG):
+                    self._log_step(time.perf_counter() - started, len(msgs))
             # Events first: a router that sees a response should already have (or be about to
             # get) the cache changes behind it, so the client's next turn routes here.
             if self.publish_events is not None:
                 self.publish_events()
             self.send_outputs(self.pending + updated)
             self.pending = []
+
+    def _log_step(self, seconds: float, received: int) -> None:
+        """DEBUG: one line per forward (what ran, how long the whole step took, the queue)."""
+        batch = self.scheduler.last_batch
+        if batch is None:
+            return
+        logger.debug(
+            "step mode=%s reqs=%d new_tokens=%d cached_tokens=%d waiting=%d received=%d ms=%.1f",
+            batch.forward_mode.name.lower(),
+            len(batch.reqs),
+            sum(batch.extend_lens),
+            sum(batch.prefix_lens) if batch.forward_mode.is_extend_like() else 0,
+            len(self.scheduler.waiting_queue),
+            received,
+            seconds * 1000,
+        )
 
     # ---- handlers -------------------------------------------------------------------------
 
@@ -208,7 +229,7 @@ def _channels(
 def _set_cpu_threads(args: ServerArgs) -> None:
     # Ranks on one CPU share its cores: without a cap each would start one thread per core.
     if args.device == "cpu" and args.num_ranks > 1:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.num_ranks))
+        torch.set_num_threads(args.cpu_threads_per_rank)
 
 
 def run_scheduler_process(
