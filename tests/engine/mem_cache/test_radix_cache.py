@@ -172,11 +172,19 @@ def _three_leaves(cache: RadixCache) -> list[TreeNode]:
 
 
 def _evict_order(cache: RadixCache, n: int) -> list[int]:
+    """The first tokens of the next n victims, each evicted whole: evict(1) picks the victim
+    (trimming its tail), evicting what is left of it removes it (it stays first in order)."""
     order = []
     for _ in range(n):
-        before = {node.key[0] for node in tree_nodes(cache)}
+        before = {node.key[0]: (node, len(node.key)) for node in tree_nodes(cache)}
         cache.evict(1)
-        order += sorted(before - {node.key[0] for node in tree_nodes(cache)})
+        after = {id(node): len(node.key) for node in tree_nodes(cache)}
+        (victim,) = [k for k, (nd, ln) in before.items() if after.get(id(nd), 0) < ln]
+        node, _ = before[victim]
+        if id(node) in after:
+            cache.evict(after[id(node)])
+        assert id(node) not in {id(x) for x in tree_nodes(cache)}
+        order.append(victim)
     return order
 
 
@@ -195,8 +203,30 @@ def test_evict_stops_as_soon_as_enough_is_freed() -> None:
     cache = make_cache()
     for first in (10, 20, 30):
         put(cache, [first, first + 1, first + 2])
-    assert cache.evict(4) == 6
-    assert cache.evictable_size() == 3
+    assert cache.evict(4) == 4  # one whole leaf, then one token of the next victim
+    assert cache.evictable_size() == 5
+    assert cache.allocator.available_size() == 256 - 5
+
+
+def test_the_last_victim_keeps_its_head_as_a_cached_prefix() -> None:
+    cache = make_cache()
+    put(cache, [1, 2, 3, 4, 5, 6])
+    _, slots = put(cache, [9, 8, 7])
+    cache.match_prefix([9, 8, 7])  # [1..6] is now the least recently used leaf
+    assert cache.evict(2) == 2
+    head = cache.match_prefix([1, 2, 3, 4, 5, 6])
+    assert head.indices.numel() == 4 and head.last_node.key == [1, 2, 3, 4]
+    assert cache.match_prefix([9, 8, 7]).indices.tolist() == slots.tolist()  # untouched
+    assert cache.allocator.available_size() + cached_size(cache) == 256
+
+
+def test_trimming_is_page_aligned() -> None:
+    cache = make_cache(page_size=4)
+    put(cache, list(range(100, 112)))  # three pages
+    assert cache.evict(5) == 8  # 5 tokens round up to two pages
+    head = cache.match_prefix(list(range(100, 112)))
+    assert head.indices.numel() == 4
+    assert cache.allocator.available_size() == 256 - 4
 
 
 @pytest.mark.parametrize(

@@ -191,6 +191,17 @@ def test_evict_of_a_locked_branch_removes_only_the_free_leaf() -> None:
     assert removed_hashes(cache.take_events()) == [block_hashes(branch, 4)[1]]
 
 
+def test_trimming_a_leaf_removes_only_its_tail_pages() -> None:
+    cache = make_cache()
+    put(cache, A)
+    cache.take_events()
+    assert cache.evict(5) == 8
+    h = block_hashes(A, 4)
+    assert removed_hashes(cache.take_events()) == [h[1], h[2]]
+    assert cache.match_prefix(A).indices.numel() == 4
+    assert stored(cache, A)[0].parent_block_hash == h[0]  # re-stored pages chain to the head
+
+
 def test_evict_emits_one_block_removed_per_page() -> None:
     cache = make_cache()
     put(cache, A)

@@ -3,7 +3,8 @@
 Nodes hold a key segment (token ids) and the KV slots of those tokens. Child key: the first
 token (page size 1) or the first page as a tuple. With page size > 1 every key and split is
 page-aligned. `lock_ref` counts requests pinning a node (and thus its ancestors); unlocked
-leaves are evicted lazily when the allocator runs dry, in eviction-policy order.
+leaves are evicted lazily when the allocator runs dry, in eviction-policy order; the last
+victim of an eviction loses only the tail it must give up (its head stays a cached prefix).
 Invariant (checked when idle): allocator free + evictable + protected = pool size.
 `peek_prefix` only reads (for ordering waiting requests); `match_prefix` is for admission: it
 splits so the match ends on a node boundary (the node to lock) and counts a hit on its path.
@@ -225,6 +226,10 @@ class RadixCache(BasePrefixCache):
         freed = 0
         while freed < num_tokens and heap:
             _, _, leaf = heapq.heappop(heap)
+            rest = -(-(num_tokens - freed) // self.page_size) * self.page_size
+            if rest < len(leaf.key):  # the last victim: drop only its tail, keep its head
+                freed += self._trim_leaf(leaf, len(leaf.key) - rest)
+                break
             self.allocator.free(leaf.value)
             freed += len(leaf.key)
             self._evictable -= len(leaf.key)
@@ -238,6 +243,21 @@ class RadixCache(BasePrefixCache):
                     heap, (eviction_key(self.eviction_policy, parent), parent.id, parent)
                 )
         return freed
+
+    def _trim_leaf(self, leaf: TreeNode, keep: int) -> int:
+        """Free the tail of an unlocked leaf beyond `keep` tokens (page-aligned, 0 < keep <
+        len): its head stays cached and keeps its place in the eviction order."""
+        self.allocator.free(leaf.value[keep:])
+        pages = keep // self.page_size
+        if self.enable_events:
+            self.events.extend(
+                BlockRemoved([digest_to_int64(d)]) for d in leaf.page_digests[pages:]
+            )
+        trimmed = len(leaf.key) - keep
+        leaf.key, leaf.value = leaf.key[:keep], leaf.value[:keep]
+        leaf.page_digests = leaf.page_digests[:pages]
+        self._evictable -= trimmed
+        return trimmed
 
     def _evictable_leaves(self) -> list[TreeNode]:
         out, stack = [], [self.root]
