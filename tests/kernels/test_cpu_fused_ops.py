@@ -137,3 +137,24 @@ def test_the_library_builds_into_an_empty_cache_once(
     assert first.parent == tmp_path and first.name.startswith("fused_ops-")
     built_at = first.stat().st_mtime_ns
     assert build_library(SOURCE) == first and first.stat().st_mtime_ns == built_at
+
+
+@pytest.mark.parametrize("vocab", [1, 17, 33, 49152])
+@pytest.mark.parametrize("rows", [1, 5, 32])
+def test_greedy_takes_the_first_maximum_and_its_log_softmax(
+    ops: CpuFusedOps, rows: int, vocab: int
+) -> None:
+    g = torch.Generator().manual_seed(rows * 31 + vocab)
+    wide = torch.randn(rows, vocab + 3, generator=g) * 4
+    logits = wide[:, :vocab]  # strided rows
+    if vocab > 20:  # ties: torch.argmax returns the first
+        top = logits.max(dim=-1).values + 1
+        logits[:, 5], logits[:, vocab - 2] = top, top
+    got = ops.greedy(logits)
+    assert got is not None
+    ids, logprobs = got
+    want = logits.argmax(dim=-1)
+    assert torch.equal(ids, want)
+    want_lp = torch.log_softmax(logits, dim=-1).gather(1, want[:, None])[:, 0]
+    torch.testing.assert_close(logprobs, want_lp, rtol=1e-5, atol=1e-5)
+    assert ops.greedy(logits.bfloat16()) is None  # float32 only: callers upcast first

@@ -166,6 +166,60 @@ def test_extend_decode_and_mixed_match_the_reference(
     torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
 
 
+def share_prefix(pools: Pools, source: int, rows: list[int], n: int) -> None:
+    """Map `source`'s first n slots into `rows`, as a radix-cache hit does (no copy)."""
+    slots = pools.req_to_token.req_to_token[source, :n].clone()
+    for r in rows:
+        pools.req_to_token.write(r, 0, slots)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("heads", [(9, 3), (4, 4)], ids=lambda h: f"{h[0]}q{h[1]}kv")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_extends_sharing_a_cached_prefix_match_the_reference(
+    page_size: int, heads: tuple[int, int], dtype: torch.dtype
+) -> None:
+    """Requests whose cached prefixes are the same slots go through the shared-prefix
+    (cascade) path: with and without own cached slots beyond the shared part, a prefix
+    shared only in part, ragged new-token counts, beside a decode and a cold request."""
+    num_heads, kv_heads = heads
+    layer = RadixAttention(num_heads, HEAD_DIM, HEAD_DIM**-0.5, kv_heads, layer_id=0)
+    pools = make_pools(page_size, dtype, kv_heads)
+    gen = torch.Generator().manual_seed(page_size + num_heads)
+    atol, rtol = TOLERANCE[dtype]
+    shared = 96  # whole pages at both page sizes
+    prefill(pools, [0], [shared], layer)
+    share_prefix(pools, 0, [1, 2, 3, 4, 5], shared)
+
+    # all members cached exactly the shared prefix: the batched new-token path
+    fb = make_batch(
+        pools, ForwardMode.EXTEND, [1, 2, 3, 9], [shared, shared, shared, 0], [5, 17, 9, 30]
+    )
+    backend = GroupedAttnBackend(load_paged_kernel())
+    backend.init_forward_metadata(fb)
+    groups = backend._metadata(fb).prefix_groups
+    assert [(g.slots.numel(), g.members) for g in groups] == [(shared, (0, 1, 2))]
+    ref, got = run_both(fb, layer, dtype, gen)
+    torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
+
+    # members with own cached slots after the shared part (rows 1-3 grew above), a decode
+    # (one new token over a prefix) and a request sharing only the first 80 slots
+    share_prefix(pools, 0, [6], 80)
+    prefill_rest = make_batch(pools, ForwardMode.EXTEND, [6], [80], [16])
+    run_both(prefill_rest, layer, dtype, gen)
+    rows, prefix, ext = (
+        [1, 2, 3, 4, 5, 6],
+        [shared + 5, shared + 17, shared + 9, shared, shared, 96],
+        [3, 11, 1, 8, 2, 6],
+    )
+    fb = make_batch(pools, ForwardMode.EXTEND, rows, prefix, ext)
+    backend.init_forward_metadata(fb)
+    groups = backend._metadata(fb).prefix_groups
+    assert [(g.slots.numel(), len(g.members)) for g in groups] == [(80, 5)]
+    ref, got = run_both(fb, layer, dtype, gen)
+    torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
+
+
 def test_forward_without_metadata_is_an_error() -> None:
     layer = RadixAttention(9, HEAD_DIM, 0.125, 3, layer_id=0)
     pools = make_pools(1, torch.float32, 3)

@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from radixserve.engine.attention import shared_prefix
 from radixserve.engine.attention.base import AttentionBackend
 from radixserve.engine.attention.paged_cpu import PagedAttentionKernel
+from radixserve.engine.attention.shared_prefix import PrefixGroup
 
 if TYPE_CHECKING:
     from radixserve.engine.layers.radix_attention import RadixAttention
@@ -62,6 +64,7 @@ class ExtendRow:
 class ForwardMetadata:
     decode: DecodeRows | None
     extend_reqs: tuple[ExtendRow, ...]
+    prefix_groups: tuple[PrefixGroup, ...] = ()  # CPU: extend rows sharing a cached prefix
 
 
 def _decode_rows(fb: ForwardBatch, rows: list[int], token_index: list[int]) -> DecodeRows:
@@ -112,7 +115,14 @@ def build_metadata(fb: ForwardBatch) -> ForwardMetadata:
             extends.append(_extend_row(kv_rows[i, : prefix + ext], start, prefix, ext))
         start += ext
     decode = _decode_rows(fb, singles, single_tokens) if singles else None
-    return ForwardMetadata(decode, tuple(extends))
+    groups: tuple[PrefixGroup, ...] = ()
+    if kv_rows.device.type == "cpu" and len(extends) >= shared_prefix.MIN_MEMBERS:
+        groups = shared_prefix.find_groups(
+            [r.slots[: r.slots.numel() - r.extend] for r in extends],
+            [r.q_start for r in extends],
+            [r.extend for r in extends],
+        )
+    return ForwardMetadata(decode, tuple(extends), groups)
 
 
 class GroupedAttnBackend(AttentionBackend):
@@ -178,7 +188,13 @@ class GroupedAttnBackend(AttentionBackend):
             out[meta.decode.token_index] = self._decode(
                 dq.flatten(1), k_cache, v_cache, layer, meta.decode
             )
-        for req in meta.extend_reqs:
+        done: set[int] = set()
+        for group in meta.prefix_groups:
+            out[group.q_index] = _extend_group(q, k_cache, v_cache, group, meta, layer)
+            done.update(group.members)
+        for i, req in enumerate(meta.extend_reqs):
+            if i in done:
+                continue
             end = req.q_start + req.extend
             out[req.q_start : end] = _extend_one(q[req.q_start : end], k_cache, v_cache, req, layer)
         return out.view(-1, layer.num_heads * layer.head_dim)
@@ -202,6 +218,35 @@ def _grouped_decode(
         qi, ki.to(q.dtype), vi.to(q.dtype), attn_mask=rows.mask, scale=layer.scaling
     )
     return o.reshape(b, layer.num_heads, d)
+
+
+def _extend_group(  # noqa: PLR0913 - one argument per input of the call
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    group: PrefixGroup,
+    meta: ForwardMetadata,
+    layer: RadixAttention,
+) -> torch.Tensor:
+    """The members of one shared-prefix group: [N, Hq, D] in the group's q_index order."""
+    scale = layer.scaling
+    o_pre, lse_pre = shared_prefix.attend_prefix(q, k_cache, v_cache, group, scale)
+    shared = group.slots.numel()
+    reqs = [meta.extend_reqs[i] for i in group.members]
+    own_prefix = [r.slots.numel() - r.extend - shared for r in reqs]
+    rows = [torch.arange(r.q_start, r.q_start + r.extend) for r in reqs]
+    if not any(own_prefix):
+        o_own, lse_own = shared_prefix.attend_new_only(
+            q, k_cache, v_cache, [r.slots[shared:] for r in reqs], rows, scale
+        )
+    else:
+        parts = [
+            shared_prefix.attend_own(q[rows_i], k_cache, v_cache, r.slots[shared:], p, scale)
+            for r, p, rows_i in zip(reqs, own_prefix, rows, strict=True)
+        ]
+        o_own = torch.cat([o for o, _ in parts])
+        lse_own = torch.cat([lse for _, lse in parts])
+    return shared_prefix.merge(o_pre, lse_pre, o_own, lse_own)
 
 
 def _extend_one(

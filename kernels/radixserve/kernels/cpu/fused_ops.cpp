@@ -200,9 +200,76 @@ void rotary(T* q, T* k, const T* cos, const T* sin, int64_t tokens, int64_t hq, 
   }
 }
 
+// Row r of float32 logits: the first maximum's index and −log Σ exp(x − max) (its log-prob).
+void greedy(const float* logits, int64_t rows, int64_t vocab, int64_t stride, int64_t* ids,
+            float* logprobs, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static) if (rows * vocab >= kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = logits + r * stride;
+    float best = x[0];
+    int64_t arg = 0;
+    int64_t i = 1;
+#if defined(__AVX512F__)
+    if (vocab >= 2 * kLanes) {
+      // per-lane maxima with their first index, then the lowest index among equal maxima
+      __m512 vbest = _mm512_loadu_ps(x);
+      __m512i varg = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+      __m512i vidx = varg;
+      const __m512i step = _mm512_set1_epi32(kLanes);
+      for (i = kLanes; i + kLanes <= vocab; i += kLanes) {
+        vidx = _mm512_add_epi32(vidx, step);
+        const __m512 v = _mm512_loadu_ps(x + i);
+        const __mmask16 better = _mm512_cmp_ps_mask(v, vbest, _CMP_GT_OQ);
+        vbest = _mm512_mask_blend_ps(better, vbest, v);
+        varg = _mm512_mask_blend_epi32(better, varg, vidx);
+      }
+      alignas(64) float lane_best[kLanes];
+      alignas(64) int32_t lane_arg[kLanes];
+      _mm512_store_ps(lane_best, vbest);
+      _mm512_store_si512(lane_arg, varg);
+      best = lane_best[0];
+      arg = lane_arg[0];
+      for (int l = 1; l < kLanes; ++l) {
+        if (lane_best[l] > best || (lane_best[l] == best && lane_arg[l] < arg)) {
+          best = lane_best[l];
+          arg = lane_arg[l];
+        }
+      }
+    }
+#endif
+    for (; i < vocab; ++i) {
+      if (x[i] > best) {
+        best = x[i];
+        arg = i;
+      }
+    }
+    float sum = 0.f;
+    int64_t j = 0;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    const __m512 vmax = _mm512_set1_ps(best);
+    for (; j + kLanes <= vocab; j += kLanes)
+      acc = _mm512_add_ps(acc, vexp(_mm512_sub_ps(_mm512_loadu_ps(x + j), vmax)));
+    sum = _mm512_reduce_add_ps(acc);
+#endif
+    for (; j < vocab; ++j) sum += std::exp(x[j] - best);
+    ids[r] = arg;
+    logprobs[r] = -std::log(sum);
+  }
+}
+
 }  // namespace
 
 extern "C" {
+
+// Greedy choice of every row of float32 logits [rows, vocab] (rows `stride` apart): ids[r]
+// the first maximum (as torch's argmax), logprobs[r] its log-softmax value.
+int radixserve_greedy(const float* logits, int64_t rows, int64_t vocab, int64_t stride,
+                      int64_t* ids, float* logprobs, int num_threads) {
+  greedy(logits, rows, vocab, stride, ids, logprobs, num_threads);
+  return 0;
+}
+
 
 // out[r] = weight · norm(x[r] + residual[r]) and sum_out[r] = x[r] + residual[r]; without a
 // residual (null), out[r] = weight · norm(x[r]) and sum_out is unused. out and sum_out are

@@ -26,6 +26,7 @@ _SIGNATURES: dict[str, list[Any]] = {
     "radixserve_rmsnorm": [ctypes.c_int, *[_P] * 5, *[_I] * 4, ctypes.c_float, ctypes.c_int],
     "radixserve_silu_and_mul": [ctypes.c_int, _P, _P, *[_I] * 3, ctypes.c_int],
     "radixserve_rotary": [ctypes.c_int, *[_P] * 4, *[_I] * 7, ctypes.c_int],
+    "radixserve_greedy": [_P, *[_I] * 3, _P, _P, ctypes.c_int],
 }
 
 
@@ -125,6 +126,21 @@ class CpuFusedOps:
         )
         _check(rc, "rotary")
         return True
+
+    def greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(ids [B] int64: each row's first maximum, logprobs [B] float32: its log-softmax)
+        of float32 logits [B, V]; None where the tensor is not supported."""
+        if not (_rows_ok(logits) and logits.dtype == torch.float32 and logits.shape[1] > 0):
+            return None
+        rows, vocab = logits.shape
+        ids = torch.empty(rows, dtype=torch.int64)
+        logprobs = torch.empty(rows, dtype=torch.float32)
+        rc = self.lib.radixserve_greedy(
+            logits.data_ptr(), rows, vocab, logits.stride(0), ids.data_ptr(),
+            logprobs.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        _check(rc, "greedy")
+        return ids, logprobs
 
 
 def _rotary_ok(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
