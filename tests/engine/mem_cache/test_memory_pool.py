@@ -147,15 +147,27 @@ def test_set_then_get_round_trips_the_rows() -> None:
 
 def test_set_leaves_other_rows_and_layers_untouched() -> None:
     pool = _kv()
+    # the pool's unwritten slots hold whatever memory held: compare with a snapshot
+    before = [tuple(t.clone() for t in pool.get_kv_buffer(layer)) for layer in range(3)]
     loc = torch.tensor([2, 3])
     pool.set_kv_buffer(0, loc, torch.ones(2, 2, 8), torch.full((2, 2, 8), 2.0))
     kb, vb = pool.get_kv_buffer(0)
     mask = torch.ones(20, dtype=torch.bool)
     mask[loc] = False
-    assert kb[mask].abs().sum() == 0 and vb[mask].abs().sum() == 0
+    assert torch.equal(kb[mask], before[0][0][mask]) and torch.equal(vb[mask], before[0][1][mask])
     for layer in (1, 2):
         k1, v1 = pool.get_kv_buffer(layer)
-        assert k1.abs().sum() == 0 and v1.abs().sum() == 0
+        assert torch.equal(k1, before[layer][0]) and torch.equal(v1, before[layer][1])
+
+
+def test_the_reserved_padding_page_is_zero() -> None:
+    """Slot 0 (page 0) is where padding rows point: it must read as zeros (finite K/V whose
+    masked-out scores carry no weight), whatever the rest of the memory held."""
+    for page in (1, 4):
+        pool = MHATokenToKVPool(16, page, torch.float32, 2, 8, 2, torch.device("cpu"))
+        for layer in range(2):
+            k, v = pool.get_kv_buffer(layer)
+            assert k[:page].abs().sum() == 0 and v[:page].abs().sum() == 0
 
 
 def test_set_casts_to_pool_dtype() -> None:

@@ -39,6 +39,21 @@ class ReqToTokenPool:
         self._free_rows = list(range(self.size))
 
 
+def _kv_buffer(
+    shape: tuple[int, int, int], dtype: torch.dtype, device: torch.device, page_size: int
+) -> torch.Tensor:
+    """One layer's K or V buffer. Every slot is written before any attention reads it, but
+    for the reserved page 0 (slot 0: where padding rows point), which is zeroed. On the CPU
+    the rest is left unwritten, so the OS backs it with memory only as slots are first used
+    (resident memory grows with the cache, as vLLM's CPU pool does, instead of the whole pool
+    at start-up); on devices the buffer is zeroed whole (device memory is reserved anyway)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    buffer = torch.empty(shape, dtype=dtype, device=device)
+    buffer[:page_size].zero_()
+    return buffer
+
+
 class MHATokenToKVPool:
     """K and V buffers per layer: [size + page_size, num_kv_heads, head_dim]."""
 
@@ -57,8 +72,8 @@ class MHATokenToKVPool:
         self.dtype = dtype
         self.device = device
         shape = (size + page_size, num_kv_heads, head_dim)
-        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k_buffer = [_kv_buffer(shape, dtype, device, page_size) for _ in range(num_layers)]
+        self.v_buffer = [_kv_buffer(shape, dtype, device, page_size) for _ in range(num_layers)]
 
     @staticmethod
     def cell_size_bytes(
