@@ -21,7 +21,11 @@ from radixserve.engine.managers.dp_attention_sync import DpAttentionSync
 from radixserve.engine.managers.finish_reason import FinishAbort
 from radixserve.engine.managers.overlap import ForwardWorker, FutureMap, InflightBatch
 from radixserve.engine.managers.prefill_adder import AddReqResult, PrefillAdder, PrefillBudget
-from radixserve.engine.managers.prefix_match import StepPrefixMatches
+from radixserve.engine.managers.prefix_match import (
+    WAITING_PIN_FRACTION,
+    StepPrefixMatches,
+    WaitingPins,
+)
 from radixserve.engine.managers.req import Req, TailDecoder
 from radixserve.engine.managers.retraction import NewTokenRatio, retract_decode
 from radixserve.engine.managers.schedule_batch import KVContext, ScheduleBatch
@@ -58,6 +62,7 @@ class Scheduler:
         self.chunked_req: Req | None = None
         self.ratio = NewTokenRatio.create(conservativeness=args.schedule_conservativeness)
         self.policy = SchedulePolicy(args.schedule_policy, tree_cache, args.random_seed)
+        self.pins = WaitingPins(tree_cache, int(self.max_total_tokens * WAITING_PIN_FRACTION))
         self.sampler = Sampler()
         self.total_retractions = 0
         self.inflight: deque[InflightBatch] = deque()
@@ -173,7 +178,8 @@ class Scheduler:
             self.chunked_req.init_next_round_input()
             self.chunked_req = adder.add_chunked_req(self.chunked_req)
         matches = StepPrefixMatches(self.tree_cache)  # read-only, at most one per request
-        for req in self.policy.calc_priority(self.waiting_queue, matches):
+        order = self.policy.calc_priority(self.waiting_queue, matches)
+        for req in order:
             if len(adder.can_run_list) + len(running) >= self.max_running_requests:
                 break
             result = adder.add_one_req(req, matches.get(req))
@@ -181,11 +187,16 @@ class Scheduler:
                 req.cached_tokens += len(req.prefix_indices)
             if result is not AddReqResult.CONTINUE:
                 break
-        if not adder.can_run_list:
-            return None
+        if not adder.can_run_list and not running and self.pins.release_all():
+            return self.get_new_batch_prefill()  # pins never stall an idle engine: retry
         admitted = set(map(id, adder.can_run_list))
         _stamp_queue_time(adder.can_run_list)
         self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
+        # Protect what the requests left waiting will reuse, but not at the cost of this batch.
+        room = adder.cur_rem_tokens - self.args.page_size * len(adder.can_run_list)
+        self.pins.refresh([r for r in order if id(r) not in admitted], matches, room)
+        if not adder.can_run_list:
+            return None
         if adder.new_chunked_req is not None:
             self.chunked_req = adder.new_chunked_req
         batch = ScheduleBatch(adder.can_run_list, self.kv)
@@ -235,6 +246,8 @@ class Scheduler:
         if self.kv.allocator.available_size() >= need:
             return True
         self.tree_cache.evict(need)
+        if self.kv.allocator.available_size() < need and self.pins.release_all():
+            self.tree_cache.evict(need)  # decodes go before waiting requests' prefixes
         return self.kv.allocator.available_size() >= need
 
     # ---- run + results ---------------------------------------------------------------------
@@ -339,6 +352,7 @@ class Scheduler:
         if self.worker is not None:
             self.worker.stop()
             self.worker = None
+        self.pins.release_all()
         self.waiting_queue.clear()
         self.inflight.clear()
         self.runner.release_pools()
@@ -355,6 +369,7 @@ class Scheduler:
         self.waiting_queue = [r for r in self.waiting_queue if not hit(r)]
         for req in aborted:
             req.finished_reason = reason
+            self.pins.release(req)
         running = list(self.running_batch.reqs)
         if self.chunked_req is not None:
             running.append(self.chunked_req)

@@ -44,6 +44,10 @@ class BasePrefixCache(ABC):
         while no insert or eviction ran since the peek (splits are allowed)."""
         return 0
 
+    def lock_span(self, peek: PrefixPeek) -> PrefixPeek:
+        """What `inc_lock_ref(peek.node)` would protect (whole nodes, from the root)."""
+        return peek
+
     @abstractmethod
     def cache_unfinished_req(self, req: Req) -> None:
         """After a prefill or chunk: make req.fill_ids' KV reusable, update req.prefix_indices."""

@@ -100,6 +100,15 @@ class RadixCache(BasePrefixCache):
         """Admission match: splits so the match ends on a node, counts a hit on its path."""
         return self._match(key, count_hit=True)
 
+    def lock_span(self, peek: PrefixPeek) -> PrefixPeek:
+        """What locking `peek.node` protects: the whole chain down to that node's end (the
+        match may end inside it), so a waiting request can be pinned without a split."""
+        node, depth = peek.node, 0
+        while node is not None and node is not self.root:
+            depth += len(node.key)
+            node = node.parent
+        return PrefixPeek(depth, peek.node)
+
     def _match(self, key: list[int], count_hit: bool) -> MatchResult:
         key = key[: len(key) // self.page_size * self.page_size]
         node, values = self.root, []
