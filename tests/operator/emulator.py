@@ -195,7 +195,7 @@ class ApiServer(kmock.KubernetesEmulator):
             for event in replay:
                 if self._matches(request, event):
                     yield event
-            while not _disconnected(request):
+            while self._keep_watching(request):
                 try:
                     event = await asyncio.wait_for(bus.get(since=mark), timeout=0.2)
                 except asyncio.TimeoutError:
@@ -205,6 +205,10 @@ class ApiServer(kmock.KubernetesEmulator):
                     yield event
         finally:
             await bus.unmark(mark)
+
+    def _keep_watching(self, request: rendering.Request) -> bool:
+        """Whether an open watch goes on (a subclass may end watches early)."""
+        return not _disconnected(request)
 
     @staticmethod
     def _matches(request: rendering.Request, event: dict[str, Any]) -> bool:

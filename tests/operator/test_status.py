@@ -105,3 +105,43 @@ def test_transition_times_move_only_on_flips() -> None:
     assert times["EngineReady"] == "t3" and times["Ready"] == "t3"
     assert times["RouterReady"] == "t1" and times["Degraded"] == "t1"
     assert status_changed(first, down)
+
+
+def test_a_deployment_that_cannot_be_read_is_unknown_and_keeps_its_last_counts() -> None:
+    engine, router = deployment("chat-engine", 3, 2), deployment("chat-router", 1, 1)
+    before = compute_status(observe(engine=engine, router=router), "t1")
+    assert (before["replicas"], before["readyReplicas"]) == (3, 2)
+    why = "HTTP 500 InternalError: etcd timeout"
+    blind = compute_status(observe(router=router, engine_unread=why, previous=before), "t2")
+    assert conditions(blind)["EngineReady"] == ("Unknown", "ReadFailed")
+    assert conditions(blind)["Progressing"] == ("Unknown", "ReadFailed")
+    assert conditions(blind)["RouterReady"] == ("True", "ReplicasReady")
+    assert conditions(blind)["Ready"] == ("Unknown", "ReadFailed")  # never a guess
+    assert blind["phase"] == "Pending"
+    engine_ready = next(c for c in blind["conditions"] if c["type"] == "EngineReady")
+    assert why in engine_ready["message"]
+    # what was last read, not a zero: the scale subresource (and an HPA) reads these
+    assert (blind["replicas"], blind["readyReplicas"]) == (3, 2)
+    assert (blind["routerReplicas"], blind["routerReadyReplicas"]) == (1, 1)
+    # a router known not ready decides Ready, whatever the engine is
+    down = compute_status(
+        observe(router=deployment("chat-router", 1, 0), engine_unread=why, previous=before), "t3"
+    )
+    assert conditions(down)["Ready"] == ("False", "RouterNotReady")
+    # nothing read yet: zero, not a guess
+    first = compute_status(observe(engine_unread=why, router_unread=why), "t5")
+    assert [first[k] for k in ("replicas", "readyReplicas", "routerReplicas")] == [0, 0, 0]
+
+
+def test_a_failed_apply_is_degraded_naming_the_step() -> None:
+    step = "apply Deployment/chat-engine failed: HTTP 500 InternalError; will retry"
+    engine, router = deployment("chat-engine", 1, 1), deployment("chat-router", 1, 1)
+    status = compute_status(
+        observe(engine=engine, router=router, problem=Problem("ApplyFailed", step)), "t"
+    )
+    assert conditions(status)["Degraded"] == ("True", "ApplyFailed")
+    assert conditions(status)["Ready"] == ("False", "ApplyFailed")
+    assert status["phase"] == "Degraded"
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["message"] == step and degraded["observedGeneration"] == 4
+    assert (status["replicas"], status["readyReplicas"]) == (1, 1)  # as the Deployment says

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -65,17 +66,26 @@ class FaultyApiServer(ApiServer):
         return await super()._handle(request)
 
     async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[Any]:
-        """While `expire_watches`, a watch ends at once with kube-apiserver's 410 event (too
-        old a resourceVersion), which the client must answer with a fresh list."""
-        if not self.expire_watches:
-            async for item in super()._serve_watch(request):
-                yield item
+        """While `expire_watches`, a watch ends with kube-apiserver's 410 event (too old a
+        resourceVersion), which the client must answer with a fresh list: a new watch at
+        once, one already open as soon as the flag is set."""
+        if self.expire_watches:
+            yield b""
+            yield self._expired()
             return
+        async for item in super()._serve_watch(request):
+            yield item
+        if self.expire_watches:
+            yield self._expired()
+
+    def _keep_watching(self, request: rendering.Request) -> bool:
+        return not self.expire_watches and super()._keep_watching(request)
+
+    def _expired(self) -> dict[str, Any]:
         self.watches_expired += 1
-        yield b""
         status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410}
         status |= {"reason": "Expired", "message": "too old resource version"}
-        yield {"type": "ERROR", "object": status}
+        return {"type": "ERROR", "object": status}
 
 
 async def _error(status: int, reason: str) -> None:
@@ -199,7 +209,81 @@ def test_operator_killed_mid_reconcile_and_restarted_converges_without_duplicate
     asyncio.run(scenario())
 
 
-FAULT_WINDOW_S = 4.0
+FAULT_WINDOW_S = 4.0  # at least this long, and until the status has shown the new generation
+PLURALS = {
+    "ServiceAccount": "serviceaccounts",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+    "Service": "services",
+    "Deployment": "deployments",
+}
+STEP = re.compile(r"^(apply|delete) (\w+)/([\w-]+) failed: (.+); will retry$")
+CHILD_NAMES = {(path.split("/")[-2], path.split("/")[-1]) for path in CHILDREN}
+
+
+def _target(request: rendering.Request) -> tuple[str, str]:
+    """(plural, name) of the child a request is about."""
+    data = request.data if isinstance(request.data, dict) else {}
+    name = request.name or (data.get("metadata") or {}).get("name") or ""
+    plural = request.resource.plural if request.resource is not None else ""
+    return plural or "", name
+
+
+COUNTS = ("replicas", "readyReplicas", "routerReplicas", "routerReadyReplicas")
+
+
+def _dishonest(isvc: dict[str, Any], faulted: set[tuple[str, str]], counts: list[int]) -> list[str]:
+    """What the status claims beyond what is true while calls on the children fail: replica
+    counts other than the Deployments report (`counts`, which do not change meanwhile), any
+    readiness, conditions of another generation; and once it describes the current
+    generation, anything but Degraded naming a step that really failed."""
+    status, generation = isvc.get("status") or {}, isvc["metadata"]["generation"]
+    wrong = []
+    shown = status.get("observedGeneration", 0)
+    if shown > generation:
+        wrong.append(f"observedGeneration {shown} > {generation}")
+    conds = {c["type"]: c for c in status.get("conditions") or []}
+    for cond in conds.values():
+        if cond.get("observedGeneration") != shown:
+            wrong.append(f"{cond['type']} describes another generation: {cond}")
+    for kind in ("Ready", "EngineReady", "RouterReady"):
+        if conds.get(kind, {}).get("status") == "True":
+            wrong.append(f"{kind}=True with 1 of 2 replicas ready")
+    if [status.get(key) for key in COUNTS] != counts:
+        wrong.append(f"counts {[status.get(key) for key in COUNTS]}, the Deployments: {counts}")
+    if shown < generation:
+        return wrong  # written before the edit: true when written
+    degraded = conds.get("Degraded", {})
+    step = STEP.match(degraded.get("message", ""))
+    if degraded.get("status") != "True" or degraded.get("reason") != "ApplyFailed" or not step:
+        wrong.append(f"Degraded does not name the failing step: {degraded}")
+    elif (PLURALS.get(step[2], "?"), step[3]) not in faulted & CHILD_NAMES:
+        wrong.append(f"the step named never failed: {step[0]} (failed: {sorted(faulted)})")
+    if status.get("phase") != "Degraded":
+        wrong.append(f"phase {status.get('phase')}")
+    return wrong
+
+
+async def _converged_fields(k8s: Cluster, generation: int) -> None:
+    """After the faults: every condition true to the children at `generation`, the counts
+    those of the Deployments."""
+    final = await k8s.get(f"{ISVCS}/chat")
+    assert final is not None and final["metadata"]["generation"] == generation
+    status = final["status"]
+    conds = {c["type"]: c for c in status["conditions"]}
+    assert {k: c["status"] for k, c in conds.items()} == {
+        "Ready": "True",
+        "EngineReady": "True",
+        "RouterReady": "True",
+        "Progressing": "False",
+        "Degraded": "False",
+    }, conds
+    assert conds["Degraded"]["reason"] == "AsExpected", conds["Degraded"]
+    assert all(c["observedGeneration"] == generation for c in conds.values()), conds
+    assert status["phase"] == "Ready"
+    counts = [status[k] for k in ("replicas", "readyReplicas")]
+    counts += [status[k] for k in ("routerReplicas", "routerReadyReplicas")]
+    assert counts == [2, 2, 2, 2], status
 
 
 def test_api_faults_are_retried_with_backoff_status_stays_honest_and_it_converges() -> None:
@@ -211,6 +295,7 @@ def test_api_faults_are_retried_with_backoff_status_stays_honest_and_it_converge
         lambda r: asyncio.sleep(1.5),  # a slow answer
     ]
     seen: list[int] = []
+    faulted: set[tuple[str, str]] = set()  # (plural, name) of the children whose calls failed
 
     def fault(request: rendering.Request) -> Any:
         if (
@@ -226,33 +311,67 @@ def test_api_faults_are_retried_with_backoff_status_stays_honest_and_it_converge
         if request.action not in (enums.action.CREATE, enums.action.UPDATE, enums.action.FETCH):
             return None
         seen.append(len(seen))
-        return kinds[len(seen) % len(kinds)](request)
+        action = kinds[len(seen) % len(kinds)]
+        if action is not kinds[3]:
+            faulted.add(_target(request))
+        return action(request)
 
     async def scenario() -> None:
         async with FaultyApiServer(fault=fault) as api, kmock.Server(api):
             api.declare_resources()
             k8s = Cluster(api)
             async with embedded_operator(api):
+                isvc = await k8s.create("chat", SMOLLM_CPU)
+
+                async def made() -> bool:
+                    return set(await _all_children(k8s)) == set(CHILDREN)
+
+                await eventually(made, "the children of generation 1", timeout=30)
+                await k8s.set_ready("chat-engine", 1)  # 1 of 2 pods ready, each
+                await k8s.set_ready("chat-router", 1)
+                truth = [2, 1, 2, 1]
+
+                async def seen_half_ready() -> bool:
+                    now = await k8s.get(f"{ISVCS}/chat")
+                    return [((now or {}).get("status") or {}).get(k) for k in COUNTS] == truth
+
+                await eventually(seen_half_ready, "the status of 1 of 2 ready", timeout=30)
                 faults_on.set()
                 api.expire_watches = True
-                isvc = await k8s.create("chat", SMOLLM_CPU)
-                # While every call to a child fails one way or another, the status must not
-                # say more than is true, and the operator must not spin.
-                deadline = asyncio.get_running_loop().time() + FAULT_WINDOW_S
-                while asyncio.get_running_loop().time() < deadline:
+                # The spec changes while every call to a child fails one way or another: the
+                # status must say what failed at generation 2, and nothing more.
+                scheduler = {"scheduler": {"maxRunningRequests": 32}}
+                await k8s.send("PATCH", f"{ISVCS}/chat", {"spec": {"engine": scheduler}})
+                loop = asyncio.get_running_loop()
+                began = loop.time()
+                reported: dict[int, int] = {}  # generation shown -> snapshots
+                while loop.time() < began + FAULT_WINDOW_S or reported.get(2, 0) < 2:
+                    assert loop.time() < began + 40, f"no status of generation 2: {reported}"
                     now = await k8s.get(f"{ISVCS}/chat")
-                    assert condition(now, "Ready").get("status") != "True", now
+                    assert now is not None
+                    assert not _dishonest(now, faulted, truth), _dishonest(now, faulted, truth)
+                    shown = now["status"]["observedGeneration"]
+                    reported[shown] = reported.get(shown, 0) + 1
                     await asyncio.sleep(0.2)
-                tried = len(seen)
+                elapsed, tried = loop.time() - began, len(seen)
                 assert tried >= 3, "the operator gave up instead of retrying"
                 # resync every 0.5 s and kopf's 5 s backoff: a few dozen calls, not thousands
-                assert tried < 200, f"{tried} faulty calls in {FAULT_WINDOW_S} s: a hot loop"
+                assert tried < 50 * elapsed, f"{tried} faulty calls in {elapsed:.1f} s: a hot loop"
                 faults_on.clear()
                 api.expire_watches = False
+
+                async def applied() -> bool:  # the edit reached the engine Deployment
+                    engine = await k8s.get(f"{DEPLOYMENTS}/chat-engine")
+                    args = engine["spec"]["template"]["spec"]["containers"][0]["args"]
+                    return args[args.index("--max-running-requests") + 1] == "32"
+
+                await eventually(applied, "generation 2 applied", timeout=30)
                 await _converged(k8s, isvc["metadata"]["uid"])
+                await _converged_fields(k8s, generation=2)
             print(
                 f"operator faults: {tried} calls failed and {api.watches_expired} watches "
-                f"expired in {FAULT_WINDOW_S} s, then converged"
+                f"expired in {elapsed:.1f} s, status snapshots by generation {reported}, "
+                "then converged"
             )
 
     asyncio.run(scenario())

@@ -6,6 +6,9 @@
 - one daemon per InferenceService re-applies the children (repairing drift) and refreshes
   the status whenever a child changes (the `on.event` watchers wake it) and at least every
   `resync_seconds`; it never raises, so an invalid spec causes no retry loop there either.
+- a call to the API that fails while the children are applied is written into the status
+  before the pass is retried: Degraded (reason `ApplyFailed`, the message names the step and
+  the error), at the generation tried; a Deployment that cannot be read is `Unknown`.
 - delete: remove the children that we own (owner references let the garbage collector do the
   same; deleting them here makes the teardown prompt and visible).
 - a watch request answered with HTTP 410 Gone lists again instead of ending the operator
@@ -41,7 +44,7 @@ from radixserve.operator.config import (
     VERSION,
     OperatorConfig,
 )
-from radixserve.operator.kube import ForeignObjectError, Kube, owned_by
+from radixserve.operator.kube import ApplyError, ForeignObjectError, Kube, describe, owned_by
 from radixserve.operator.meta import Owner, engine_name, router_name
 from radixserve.operator.schema import InferenceServiceSpec, SpecError
 from radixserve.operator.spec import parse_spec
@@ -57,6 +60,7 @@ CHILD_KINDS = (  # kopf resource specs of the kinds we create
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),
 )
 TRANSIENT = (ApiException, aiohttp.ClientError, asyncio.TimeoutError)
+log = logging.getLogger(__name__)
 
 
 def _now() -> str:
@@ -142,6 +146,9 @@ class Runtime:
         except ForeignObjectError as exc:
             await self.write_status(body, spec, Problem("ForeignObject", str(exc)))
             raise kopf.TemporaryError(str(exc), delay=self.config.resync_seconds) from exc
+        except ApplyError as exc:
+            await self.report_failure(body, spec, exc)
+            raise  # kopf retries the handler after its backoff
         changed = {name: what for name, what in outcomes.items() if what != "unchanged"}
         if changed:
             logger.info("children: %s", ", ".join(f"{n} {w}" for n, w in changed.items()))
@@ -171,7 +178,7 @@ class Runtime:
                     break
                 try:
                     await self.resync(namespace, name)
-                except (*TRANSIENT, ForeignObjectError, kopf.TemporaryError) as exc:
+                except (*TRANSIENT, ApplyError, ForeignObjectError, kopf.TemporaryError) as exc:
                     logger.warning("resync failed (will retry): %s", exc)
         finally:
             if self.wakeups.get(key) is wake:
@@ -193,6 +200,9 @@ class Runtime:
         except ForeignObjectError as exc:
             await self.write_status(body, spec, Problem("ForeignObject", str(exc)))
             return
+        except ApplyError as exc:
+            await self.report_failure(body, spec, exc)
+            raise
         await self.write_status(body, spec, None)
 
     async def child_event(self, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
@@ -211,17 +221,43 @@ class Runtime:
         for child in build_children(owner, spec, self.config):
             key = f"{child['kind']}/{child['metadata']['name']}"
             wanted.add((child["apiVersion"], child["kind"], child["metadata"]["name"]))
-            outcomes[key] = await self.kube.apply(child, owner.uid)
+            try:
+                outcomes[key] = await self.kube.apply(child, owner.uid)
+            except TRANSIENT as exc:
+                raise ApplyError(f"apply {key}", exc) from exc
         # Children the spec no longer asks for (the HPA, after autoscaling is removed or the
         # service suspended): ours are deleted, anyone else's are left alone.
         for api_version, kind, name in child_refs(owner.name, self.config.network_policy):
             if (api_version, kind, name) in wanted:
                 continue
-            live = await self.kube.get(api_version, kind, owner.namespace, name)
-            if live is not None and owned_by(live, owner.uid):
-                await self.kube.delete(api_version, kind, owner.namespace, name)
-                outcomes[f"{kind}/{name}"] = "deleted"
+            try:
+                live = await self.kube.get(api_version, kind, owner.namespace, name)
+                if live is not None and owned_by(live, owner.uid):
+                    await self.kube.delete(api_version, kind, owner.namespace, name)
+                    outcomes[f"{kind}/{name}"] = "deleted"
+            except TRANSIENT as exc:
+                raise ApplyError(f"delete {kind}/{name}", exc) from exc
         return outcomes
+
+    async def report_failure(
+        self, body: kopf.Body, spec: InferenceServiceSpec, exc: ApplyError
+    ) -> None:
+        """Put a failed apply into the status (Degraded, `ApplyFailed`), as far as the API lets
+        us: the caller raises `exc` afterwards either way."""
+        try:
+            await self.write_status(body, spec, Problem("ApplyFailed", f"{exc}; will retry"))
+        except TRANSIENT as failed:
+            log.warning("could not write the status of %s: %s", body.meta["name"], describe(failed))
+
+    async def _read_deployment(
+        self, namespace: str, name: str, owner_uid: str
+    ) -> tuple[Mapping[str, Any] | None, str | None]:
+        """(our Deployment or None, why it could not be read or None)."""
+        try:
+            live = await self.kube.get("apps/v1", "Deployment", namespace, name)
+        except TRANSIENT as exc:
+            return None, describe(exc)
+        return (live if live is not None and owned_by(live, owner_uid) else None), None
 
     async def write_status(
         self, body: kopf.Body, spec: InferenceServiceSpec | None, problem: Problem | None
@@ -230,17 +266,23 @@ class Runtime:
         name, namespace = meta["name"], meta["namespace"]
         raw_spec = body.get("spec") or {}
         suspended = spec.suspend if spec is not None else bool(raw_spec.get("suspend"))
-        engine = await self.kube.get("apps/v1", "Deployment", namespace, engine_name(name))
-        router = await self.kube.get("apps/v1", "Deployment", namespace, router_name(name))
+        engine, engine_unread = await self._read_deployment(
+            namespace, engine_name(name), meta["uid"]
+        )
+        router, router_unread = await self._read_deployment(
+            namespace, router_name(name), meta["uid"]
+        )
         observation = Observation(
             name=name,
             namespace=namespace,
             generation=int(meta.get("generation") or 1),
             suspended=suspended,
-            engine=engine if engine is not None and owned_by(engine, meta["uid"]) else None,
-            router=router if router is not None and owned_by(router, meta["uid"]) else None,
+            engine=engine,
+            router=router,
             problem=problem,
             previous=body.get("status"),
+            engine_unread=engine_unread,
+            router_unread=router_unread,
         )
         status = compute_status(observation, _now())
         if status_changed(body.get("status"), status):

@@ -10,6 +10,7 @@ emulator; lists we own (containers, ports, env) are replaced whole, which is wha
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
@@ -54,6 +55,34 @@ RESOURCES: Mapping[tuple[str, str], tuple[str, str]] = MappingProxyType(
 
 class ForeignObjectError(RuntimeError):
     """A child's name is taken by an object that this InferenceService does not own."""
+
+
+def describe(exc: BaseException) -> str:
+    """A short account of a failed API call, for the status and the log (no bodies)."""
+    if isinstance(exc, ApiException):
+        reason, message = str(exc.reason or ""), ""
+        try:
+            body = json.loads(exc.body) if exc.body else None
+        except (TypeError, ValueError):
+            body = None
+        if isinstance(body, Mapping):
+            reason = str(body.get("reason") or reason)
+            message = str(body.get("message") or "")
+        text = f"HTTP {exc.status} {reason}".rstrip() + (f": {message}" if message else "")
+    elif isinstance(exc, asyncio.TimeoutError):
+        text = "the API server did not answer in time"
+    else:
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text[:200]
+
+
+class ApplyError(RuntimeError):
+    """One step of applying the children failed on the API (transient: retried); the message
+    names the step, e.g. `apply Deployment/chat-engine failed: HTTP 500 InternalError`."""
+
+    def __init__(self, step: str, cause: BaseException) -> None:
+        super().__init__(f"{step} failed: {describe(cause)}")
+        self.step = step
 
 
 def _path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:

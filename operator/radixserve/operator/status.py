@@ -2,7 +2,9 @@
 Deployments (as read from the API), the spec's fate, and the previous status.
 
 Conditions follow Kubernetes conventions: each has a CamelCase reason, a human message, the
-generation it describes, and a lastTransitionTime that moves only when its status flips.
+generation it describes, and a lastTransitionTime that moves only when its status flips. A
+Deployment that could not be read (the API failed) makes its condition `Unknown`, and its
+replica counts stay what was last read: the status never guesses.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ class Problem:
 
     reason: str
     message: str
+
+
+# (status, reason, message) of one condition; status None is "Unknown".
+Verdict = tuple[bool | None, str, str]
 
 
 @dataclass(frozen=True)
@@ -70,8 +76,10 @@ def rollout(deployment: Mapping[str, Any] | None) -> Rollout | None:
     )
 
 
-def _component(component: str, r: Rollout | None, suspended: bool) -> tuple[bool, str, str]:
+def _component(component: str, r: Rollout | None, suspended: bool, unread: str | None) -> Verdict:
     """(ready, reason, message) of EngineReady / RouterReady."""
+    if unread is not None:
+        return None, "ReadFailed", f"the {component} Deployment could not be read: {unread}"
     if r is None:
         return False, "NotCreated", f"the {component} Deployment does not exist yet"
     if r.desired == 0:
@@ -83,10 +91,16 @@ def _component(component: str, r: Rollout | None, suspended: bool) -> tuple[bool
 
 
 def _progressing(
-    engine: Rollout | None, router: Rollout | None, problem: Problem | None, suspended: bool
-) -> tuple[bool, str, str]:
+    engine: Rollout | None,
+    router: Rollout | None,
+    problem: Problem | None,
+    suspended: bool,
+    unread: Sequence[str],
+) -> Verdict:
     if problem is not None and problem.reason == "InvalidSpec":
         return False, "InvalidSpec", "the spec is not applied"
+    if unread:
+        return None, "ReadFailed", "; ".join(unread)
     pending = [r for r in (engine, router) if r is None or not r.settled]
     if not pending:
         return False, "Suspended" if suspended else "Complete", "every Deployment is settled"
@@ -97,9 +111,7 @@ def _progressing(
     return True, "RollingOut", "; ".join(parts)
 
 
-def _degraded(
-    engine: Rollout | None, router: Rollout | None, problem: Problem | None
-) -> tuple[bool, str, str]:
+def _degraded(engine: Rollout | None, router: Rollout | None, problem: Problem | None) -> Verdict:
     if problem is not None:
         return True, problem.reason, problem.message
     for r in (engine, router):
@@ -108,24 +120,21 @@ def _degraded(
     return False, "AsExpected", "no problem found"
 
 
-def _ready(
-    engine: tuple[bool, str, str],
-    router: tuple[bool, str, str],
-    degraded: tuple[bool, str, str],
-    suspended: bool,
-) -> tuple[bool, str, str]:
+def _ready(engine: Verdict, router: Verdict, degraded: Verdict, suspended: bool) -> Verdict:
     if degraded[0]:
         return False, degraded[1], degraded[2]
     if suspended:
         return False, "Suspended", "spec.suspend is true"
-    if not engine[0]:
+    if engine[0] is False:
         return False, "EngineNotReady", engine[2]
-    if not router[0]:
+    if router[0] is False:
         return False, "RouterNotReady", router[2]
+    if engine[0] is None or router[0] is None:
+        return None, "ReadFailed", engine[2] if engine[0] is None else router[2]
     return True, "Ready", f"{engine[2]}; {router[2]}"
 
 
-def _phase(conds: Mapping[str, tuple[bool, str, str]], suspended: bool) -> str:
+def _phase(conds: Mapping[str, Verdict], suspended: bool) -> str:
     if conds["Degraded"][0]:
         return "Degraded"
     if suspended:
@@ -135,8 +144,11 @@ def _phase(conds: Mapping[str, tuple[bool, str, str]], suspended: bool) -> str:
     return "Progressing" if conds["Progressing"][0] else "Pending"
 
 
+CONDITION_STATUS = {True: "True", False: "False", None: "Unknown"}
+
+
 def _conditions(
-    values: Mapping[str, tuple[bool, str, str]],
+    values: Mapping[str, Verdict],
     previous: Sequence[Mapping[str, Any]],
     generation: int,
     now: str,
@@ -145,7 +157,7 @@ def _conditions(
     out = []
     for kind in CONDITIONS:
         ok, reason, message = values[kind]
-        status = "True" if ok else "False"
+        status = CONDITION_STATUS[ok]
         old = before.get(kind) or {}
         since = old.get("lastTransitionTime") if old.get("status") == status else None
         out.append(
@@ -173,16 +185,25 @@ class Observation:
     router: Mapping[str, Any] | None
     problem: Problem | None = None
     previous: Mapping[str, Any] | None = None  # the current .status
+    # Why a Deployment could not be read (the API failed), else None: its counts stay as
+    # last written, and its condition is Unknown.
+    engine_unread: str | None = None
+    router_unread: str | None = None
 
 
 def compute_status(obs: Observation, now: str) -> dict[str, Any]:
     """Our part of `.status`, ready for a merge patch."""
     suspended = obs.suspended
     e, r = rollout(obs.engine), rollout(obs.router)
-    values: dict[str, tuple[bool, str, str]] = {
-        "EngineReady": _component("engine", e, suspended),
-        "RouterReady": _component("router", r, suspended),
-        "Progressing": _progressing(e, r, obs.problem, suspended),
+    unread = [
+        f"{component} Deployment unread: {why}"
+        for component, why in (("engine", obs.engine_unread), ("router", obs.router_unread))
+        if why is not None
+    ]
+    values: dict[str, Verdict] = {
+        "EngineReady": _component("engine", e, suspended, obs.engine_unread),
+        "RouterReady": _component("router", r, suspended, obs.router_unread),
+        "Progressing": _progressing(e, r, obs.problem, suspended, unread),
         "Degraded": _degraded(e, r, obs.problem),
     }
     values["Ready"] = _ready(
@@ -190,12 +211,20 @@ def compute_status(obs: Observation, now: str) -> dict[str, Any]:
     )
     previous = obs.previous or {}
     generation, name, namespace = obs.generation, obs.name, obs.namespace
+
+    def count(key: str, rollout_: Rollout | None, unread: str | None, ready: bool) -> int:
+        if unread is not None:  # not known now: what was last read, not a guess
+            return int(previous.get(key) or 0)
+        if rollout_ is None:
+            return 0
+        return rollout_.ready if ready else rollout_.replicas
+
     return {
         "observedGeneration": generation,
-        "replicas": e.replicas if e else 0,
-        "readyReplicas": e.ready if e else 0,
-        "routerReplicas": r.replicas if r else 0,
-        "routerReadyReplicas": r.ready if r else 0,
+        "replicas": count("replicas", e, obs.engine_unread, False),
+        "readyReplicas": count("readyReplicas", e, obs.engine_unread, True),
+        "routerReplicas": count("routerReplicas", r, obs.router_unread, False),
+        "routerReadyReplicas": count("routerReadyReplicas", r, obs.router_unread, True),
         "selector": selector_string(name, ENGINE),
         "url": service_url(name, namespace),
         "phase": _phase(values, suspended),
