@@ -219,6 +219,15 @@ def test_extends_sharing_a_cached_prefix_match_the_reference(
     ref, got = run_both(fb, layer, dtype, gen)
     torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
 
+    # decode steps over the shared slots (decodes stay per row: a cascade measured no faster
+    # at this size, docs/benchmarks.md), beside row 9 with a history of its own
+    lens = [p + e for p, e in zip(prefix, ext, strict=True)] + [30]
+    for _ in range(2):
+        fb = make_batch(pools, ForwardMode.DECODE, [*rows, 9], lens, [1] * 7)
+        ref, got = run_both(fb, layer, dtype, gen)
+        torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
+        lens = [n + 1 for n in lens]
+
 
 def test_forward_without_metadata_is_an_error() -> None:
     layer = RadixAttention(9, HEAD_DIM, 0.125, 3, layer_id=0)
