@@ -2,11 +2,13 @@
 # The prepared GPU check (issue 13): run on one borrowed GPU (H200 target: < 8 minutes).
 #
 #   1. the gpu-marked tests: every Triton kernel against its PyTorch reference at real shapes
-#      (tests/kernels), the triton backend against torch end to end, FlashInfer parity (skips
-#      without flashinfer), CUDA-graph replay = eager (tests/engine/attention);
+#      (tests/kernels, incl. the fused norm / SiLU / rotary / MoE ops against the engine's
+#      PyTorch layers), the triton backend (+ those ops) against torch end to end, FlashInfer
+#      parity (skips without flashinfer), CUDA-graph replay = eager (tests/engine/attention);
 #   2. python -m radixserve.bench.gpu_check: copy bandwidth, SmolLM2 greedy parity per backend
-#      (eager / graphs), decode tok/s of an 8B-shaped random Llama at batch 1, 8, 64 with
-#      context 1024 (eager, graphs) against the HBM roofline and transformers' generate;
+#      (eager / graphs; triton with and without the fused ops), decode tok/s of an 8B-shaped
+#      random Llama at batch 1, 8, 64 with context 1024 (eager, graphs) against the HBM
+#      roofline and transformers' generate;
 #   3. a short summary, printed last.
 #
 # Needs python with torch + triton (CUDA), transformers, pytest and the project's pure-Python

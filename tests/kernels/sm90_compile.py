@@ -107,16 +107,24 @@ def _launch_everything(dtype: torch.dtype) -> None:
     for rot in (128, 64):
         cache = torch.empty(1024, rot, dtype=torch.float32)
         rotary.rotary(torch.zeros(t, dtype=torch.int64), q.new_empty(t, hq, d), new.k, cache)
+    qkv = torch.empty(t, (hq + 2 * hkv) * d, dtype=dtype)  # the engine's in-place form
+    cos = torch.empty(t, 1, d, dtype=dtype)
+    rotary.rotary_tables_(qkv[:, : hq * d].view(t, hq, d),
+                          qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d), cos, cos)  # fmt: skip
     logits = torch.empty(t, 60, dtype=dtype)
     moe.topk_softmax(logits, 4, True)
     topk = TopKOutput(torch.rand(t, 4), torch.randint(0, 16, (t, 4), dtype=torch.int32))
     moe.fused_moe(torch.empty(t, 2048, dtype=dtype), torch.empty(16, 2 * 1408, 2048, dtype=dtype),
                   torch.empty(16, 2048, 1408, dtype=dtype), topk)  # fmt: skip
+    moe.fused_moe(torch.empty(t, 2048, dtype=dtype), torch.empty(4, 2 * 1408, 2048, dtype=dtype),
+                  torch.empty(4, 2048, 1408, dtype=dtype), topk, expert_offset=4,
+                  out_fp32=True)  # fmt: skip
 
 
 def main() -> int:
     recorders = _install()
-    for dtype in (torch.bfloat16, torch.float32):  # fp16 takes the bf16 code paths
+    # fp16 takes the bf16 code paths but for the roundings (`triton_util.round_to`)
+    for dtype in (torch.bfloat16, torch.float32, torch.float16):
         _launch_everything(dtype)
     target = GPUTarget("cuda", 90, 32)
     start, count = time.monotonic(), 0

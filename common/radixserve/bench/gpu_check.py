@@ -65,22 +65,28 @@ def measure_bandwidth(device: torch.device, gib: float = 2.0, iters: int = 20) -
 # ---- greedy parity through the engine ----
 
 
-def backends_to_compare(device: torch.device) -> list[tuple[str, bool]]:
-    """(backend, graphs) pairs: torch eager is the oracle (first)."""
+def backends_to_compare(device: torch.device) -> list[tuple[str, bool, bool]]:
+    """(backend, graphs, fused ops) triples: torch eager is the oracle (first). The triton
+    backend runs the Triton norm / SiLU / rotary ops unless fused ops are off (one row
+    without them tells attention from those kernels)."""
     if device.type != "cuda":
-        return [("torch", False), ("grouped", False)]
-    pairs = [("torch", False), ("triton", False), ("triton", True)]
+        return [("torch", False, False), ("grouped", False, True)]
+    pairs = [("torch", False, False), ("triton", False, False), ("triton", False, True),
+             ("triton", True, True)]  # fmt: skip
     if importlib.util.find_spec("flashinfer") is not None:
-        pairs.append(("flashinfer", False))
+        pairs.append(("flashinfer", False, True))
     return pairs
 
 
-def greedy(model_path: str, device: str, backend: str, graphs: bool, new: int) -> list[list[int]]:
+def greedy(
+    model_path: str, device: str, backend: str, graphs: bool, new: int, fused: bool = True
+) -> list[list[int]]:
     from radixserve.engine import EngineCore
 
     engine = EngineCore(
         model_path=model_path, device=device, dtype="bfloat16", attention_backend=backend,
         disable_cuda_graph=not graphs, cuda_graph_max_bs=16, max_total_tokens=8192,
+        disable_fused_ops=not fused,
     )  # fmt: skip
     try:
         if graphs and engine.runner.graph_runner is None:
@@ -105,19 +111,20 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 def parity_rows(model_path: str, device: torch.device, new: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     reference: list[list[int]] | None = None
-    for backend, graphs in backends_to_compare(device):
+    for backend, graphs, fused in backends_to_compare(device):
         start = time.perf_counter()
         try:
-            outs = greedy(model_path, str(device), backend, graphs, new)
+            outs = greedy(model_path, str(device), backend, graphs, new, fused)
         except Exception as exc:  # noqa: BLE001 -- a failing backend is a row of the table
-            rows.append({"backend": backend, "graphs": graphs, "identical": f"error: {exc}"})
+            rows.append({"backend": backend, "graphs": graphs, "fused_ops": fused,
+                         "identical": f"error: {exc}"})  # fmt: skip
             continue
         if reference is None:
             reference = outs
         same = sum(o == r for o, r in zip(outs, reference, strict=True))
         agree = sum(common_prefix(o, r) for o, r in zip(outs, reference, strict=True))
         rows.append({
-            "backend": backend, "graphs": graphs,
+            "backend": backend, "graphs": graphs, "fused_ops": fused,
             "identical": f"{same}/{len(outs)}",
             "prefix_agree": f"{agree}/{sum(len(r) for r in reference)}",
             "seconds": time.perf_counter() - start,
@@ -178,7 +185,7 @@ def our_runner(cfg: dict[str, Any], hf: Any, args: argparse.Namespace) -> Any:
         device=args.device, dtype=args.dtype, attention_backend=args.backend,
         max_total_tokens=max_bs * (args.context + 2 * args.steps + 8) + 64,
         max_running_requests=max_bs + 1, cuda_graph_max_bs=max_bs,
-        disable_cuda_graph=device.type != "cuda",
+        disable_cuda_graph=device.type != "cuda", disable_fused_ops=args.disable_fused_ops,
     )  # fmt: skip
     files = LoadedModelFiles(
         ModelSource("hf", Path("random-llama"), "random-llama"), config, cfg,
@@ -305,6 +312,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--parity-tokens", type=int, default=32)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--backend", default="triton", help="decode section's attention backend")
+    p.add_argument("--disable-fused-ops", action="store_true",
+                   help="decode section: PyTorch norm/SiLU/rotary, not the Triton ops")  # fmt: skip
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--heads", type=int, default=32)

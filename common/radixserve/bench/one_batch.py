@@ -43,9 +43,9 @@ def add_one_batch_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--output-file", default="bench-results/one_batch.json")
     p.add_argument(
-        "--disable-cpu-fused-ops",
+        "--disable-fused-ops",
         action="store_true",
-        help="PyTorch norm/SiLU/rotary instead of the fused C++ ops (an A/B)",
+        help="PyTorch norm/SiLU/rotary/MoE instead of the fused C++ / Triton ops (an A/B)",
     )
     p.add_argument(
         "--profile",
@@ -226,7 +226,7 @@ def run_one_batch(args: argparse.Namespace) -> int:
         page_size=args.page_size,
         max_total_tokens=_pool_tokens(bs, n_in + n_out, args.page_size) + n_pre,
         disable_overlap_schedule=True,
-        disable_cpu_fused_ops=args.disable_cpu_fused_ops,
+        disable_fused_ops=args.disable_fused_ops,
     )
     runner, vocab = engine.runner, engine.model_config.vocab_size
     rng = random.Random(args.seed)

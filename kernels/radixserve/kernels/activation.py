@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixserve.kernels.triton_util import require_unit_stride
+from radixserve.kernels.triton_util import cast, require_unit_stride, round_to
 
 
 @triton.jit
@@ -23,14 +23,16 @@ def _silu_and_mul_kernel(X, Out, stride_x, stride_o, INTER: tl.constexpr, BLOCK:
     mask = offs < INTER
     gate = tl.load(X + t * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(X + t * stride_x + INTER + offs, mask=mask, other=0.0).to(tl.float32)
-    y = gate * tl.sigmoid(gate) * up
-    tl.store(Out + t * stride_o + offs, y.to(Out.dtype.element_ty), mask=mask)
+    # As PyTorch's F.silu(gate) * up: silu rounded to the output dtype, then the product.
+    silu = round_to(gate / (1.0 + tl.exp(-gate)), Out.dtype.element_ty)
+    tl.store(Out + t * stride_o + offs, cast(silu * up, Out.dtype.element_ty), mask=mask)
 
 
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """x: [num_tokens, 2 * inter] = [gate | up], last dim contiguous -> [num_tokens, inter].
 
-    fp32 math, output in x's dtype (or out's, if given); out may not alias x.
+    fp32 math, output in x's dtype (or out's, if given); silu(gate) is rounded to that dtype
+    before the product, as PyTorch's `F.silu(gate) * up` does. out may not alias x.
     """
     num_tokens, two_inter = x.shape
     inter = two_inter // 2

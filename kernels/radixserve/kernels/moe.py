@@ -24,7 +24,13 @@ import triton.language as tl
 
 from radixserve.kernels.activation import silu_and_mul
 from radixserve.kernels.layout import AlignedRouting, TopKOutput, moe_align_block_size
-from radixserve.kernels.triton_util import dot, is_interpreted, require_unit_stride
+from radixserve.kernels.triton_util import (
+    cast,
+    dot,
+    is_interpreted,
+    require_unit_stride,
+    round_to,
+)
 
 
 @triton.jit
@@ -110,12 +116,12 @@ def _moe_gemm_kernel(  # noqa: PLR0913, PLR0915 -- a kernel takes every stride a
             other=0.0,
         )
         acc += dot(a, b, UPCAST)
-    if MUL_WEIGHT:
+    if MUL_WEIGHT:  # as the PyTorch layer: the expert's output in A's dtype, then weighted
         w = tl.load(RowWeights + rows, mask=row_mask, other=0.0).to(tl.float32)
-        acc = acc * w[:, None]
+        acc = round_to(acc, A.dtype.element_ty) * w[:, None]
     tl.store(
         C + rows[:, None] * stride_cm + offs_n[None, :] * stride_cn,
-        acc.to(C.dtype.element_ty),
+        cast(acc, C.dtype.element_ty),
         mask=row_mask[:, None] & n_mask[None, :],
     )
 
@@ -133,7 +139,8 @@ def grouped_gemm(
 
     a: [num_a_rows, K]; w: [num_experts, N, K] (any strides); out: [T * top_k, N], written only
     at the rows `routing` names (all of them for a full routing). e is the expert of the row's
-    block. row_weights: [T * top_k] fp32 or None. fp32 accumulation, stored in out's dtype.
+    block. row_weights: [T * top_k] fp32 or None. fp32 accumulation, stored in out's dtype;
+    with row_weights the product is rounded to a's dtype before the weight multiplies it.
     """
     num_experts, n, k = w.shape
     require_unit_stride(sorted_ids=routing.sorted_ids, expert_ids=routing.expert_ids,
@@ -159,29 +166,44 @@ def fused_moe(
     topk: TopKOutput,
     *,
     block_m: int | None = None,
+    expert_offset: int | None = None,
+    out_fp32: bool = False,
 ) -> torch.Tensor:
     """The MoE block: sum_j weight_j * (silu(x Wg_e^T) * (x Wu_e^T)) W2_e^T over e = ids[t, j].
 
     hidden: [num_tokens, hidden_size], fp32/fp16/bf16. w13: [num_experts, 2 * inter,
     hidden_size], gate rows then up rows (SGLang's w13 layout). w2: [num_experts, hidden_size,
     inter]. topk: from `topk_softmax` (ids int32 < num_experts). block_m: rows per GEMM block
-    (16 or 64 by default). Returns [num_tokens, hidden_size] in hidden's dtype; gate_up and the
-    intermediate are rounded to hidden's dtype, the weighted sum is fp32.
+    (16 or 64 by default). expert_offset: None when w13/w2 hold every expert the ids name;
+    otherwise they hold the global experts [offset, offset + num_experts) (expert
+    parallelism) and choices of any other expert add nothing. Returns [num_tokens,
+    hidden_size] in hidden's dtype (fp32 with out_fp32); gate_up, the intermediate and each
+    expert's output are rounded to hidden's dtype (as the PyTorch layer), the weighted sum is
+    fp32.
     """
     num_tokens, hidden_size = hidden.shape
     num_experts, two_inter, _ = w13.shape
     top_k = topk.ids.shape[1]
     num_rows = num_tokens * top_k
+    out_dtype = torch.float32 if out_fp32 else hidden.dtype
     if num_tokens == 0:
-        return hidden.new_empty(0, hidden_size)
+        return hidden.new_empty(0, hidden_size, dtype=out_dtype)
     if block_m is None:
         block_m = 16 if is_interpreted(hidden) or num_rows <= 16 * num_experts else 64
-    routing = moe_align_block_size(topk.ids, num_experts, block_m)
-    gate_up = grouped_gemm(
-        hidden, w13, hidden.new_empty(num_rows, two_inter), routing, a_row_div=top_k
-    )
+    if expert_offset is None:
+        routing = moe_align_block_size(topk.ids, num_experts, block_m)
+        down = hidden.new_empty(num_rows, hidden_size, dtype=torch.float32)
+    else:  # other ranks' experts go to one extra expert whose blocks are skipped (left zero)
+        local = topk.ids.to(torch.int64) - expert_offset
+        local = torch.where((local >= 0) & (local < num_experts), local, num_experts)
+        sorted_ids, expert_ids, _ = moe_align_block_size(local, num_experts + 1, block_m)
+        expert_ids = torch.where(expert_ids == num_experts, -1, expert_ids)
+        routing = AlignedRouting(sorted_ids, expert_ids, block_m)
+        down = hidden.new_zeros(num_rows, hidden_size, dtype=torch.float32)
+    # Zeros where rows may stay unwritten (other ranks' experts): SiLU then reads no garbage.
+    alloc = hidden.new_empty if expert_offset is None else hidden.new_zeros
+    gate_up = grouped_gemm(hidden, w13, alloc(num_rows, two_inter), routing, a_row_div=top_k)
     inter = silu_and_mul(gate_up)
-    down = hidden.new_empty(num_rows, hidden_size, dtype=torch.float32)
     row_weights = topk.weights.flatten().to(torch.float32)
     grouped_gemm(inter, w2, down, routing, row_weights=row_weights)
-    return down.view(num_tokens, top_k, hidden_size).sum(1).to(hidden.dtype)
+    return down.view(num_tokens, top_k, hidden_size).sum(1).to(out_dtype)

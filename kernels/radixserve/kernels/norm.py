@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from radixserve.kernels.layout import NormOutput
-from radixserve.kernels.triton_util import require_unit_stride
+from radixserve.kernels.triton_util import cast, require_unit_stride, round_to
 
 
 @triton.jit
@@ -39,13 +39,13 @@ def _rms_norm_kernel(  # noqa: PLR0913 -- a kernel takes every stride as an argu
     x = tl.load(X + t * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
         r = tl.load(Res + t * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
-        h = (x + r).to(ResOut.dtype.element_ty)  # rounded to the model dtype, as the residual
-        tl.store(ResOut + t * stride_ro + offs, h, mask=mask)
-        x = h.to(tl.float32)
+        x = round_to(x + r, ResOut.dtype.element_ty)  # the residual, in the model dtype
+        tl.store(ResOut + t * stride_ro + offs, x.to(ResOut.dtype.element_ty), mask=mask)
     var = tl.sum(x * x, 0) / HIDDEN
     w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
-    y = x * tl.rsqrt(var + eps) * w
-    tl.store(Out + t * stride_o + offs, y.to(Out.dtype.element_ty), mask=mask)
+    # As the PyTorch layer: the normed row is rounded to the output dtype before the weight.
+    normed = round_to(x * tl.rsqrt(var + eps), Out.dtype.element_ty)
+    tl.store(Out + t * stride_o + offs, cast(normed * w, Out.dtype.element_ty), mask=mask)
 
 
 def rms_norm(
@@ -60,7 +60,9 @@ def rms_norm(
 
     x: [num_tokens, hidden], fp32/fp16/bf16, last dim contiguous; weight: [hidden].
     residual: [num_tokens, hidden] or None. The sum h is rounded to x's dtype, returned as the
-    new residual (`residual_out`), and normed in fp32. out / residual_out: preallocated outputs
+    new residual (`residual_out`), and normed in fp32; the normed row is rounded to out's dtype
+    before the weight multiplies it (the PyTorch layer's roundings, to nearest even, also under
+    the interpreter). out / residual_out: preallocated outputs
     (may alias x / residual: each row is read before it is written), or None to allocate.
     Returns NormOutput(out, residual_out), residual_out None without a residual.
     """
@@ -77,5 +79,6 @@ def rms_norm(
         x, res, weight, out, res_out,
         x.stride(0), res.stride(0), out.stride(0), res_out.stride(0), eps,
         HIDDEN=hidden, BLOCK=triton.next_power_of_2(hidden), HAS_RES=residual is not None,
+        num_warps=8 if hidden >= 2048 else 4,
     )  # fmt: skip
     return NormOutput(out, residual_out)

@@ -9,6 +9,11 @@ engine. Runs in the scheduler process, inside the model's forward.
 With rotary_dim = R <= head_dim and half = R / 2, for each head: x1 = x[:half],
 x2 = x[half:R]; out[:half] = x1 cos - x2 sin, out[half:R] = x2 cos + x1 sin, out[R:] = x[R:],
 where cos/sin come from row `position` of the [max_pos, R] cache laid out as [cos | sin].
+
+`rotary_tables_` is the engine's form (`layers.rotary_embedding.apply_rotary`): the batch's
+cos/sin rows [T, 1, D] already gathered in the model dtype, q/k rotated in place with the
+PyTorch expression's roundings, `q * cos + rotate_half(q) * sin` (each product and the sum
+rounded to the dtype).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import triton
 import triton.language as tl
 
 from radixserve.kernels.layout import RotaryOutput
-from radixserve.kernels.triton_util import require_unit_stride
+from radixserve.kernels.triton_util import cast, require_unit_stride, round_to
 
 
 @triton.jit
@@ -107,3 +112,62 @@ def rotary(
         BLOCK_REST=triton.next_power_of_2(rest) if rest > 0 else 0,
     )  # fmt: skip
     return RotaryOutput(out_q, out_k)
+
+
+@triton.jit
+def _rotate_heads_tables(  # noqa: PLR0913 -- one token's heads of q or k, in place
+    X, t, stride_xt, stride_xh, c1, c2, s1, s2,
+    NUM_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):  # fmt: skip
+    dt = X.dtype.element_ty
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    mask = (offs_h < NUM_HEADS)[:, None] & (offs_d < HALF)[None, :]
+    ptr = X + t * stride_xt + offs_h[:, None] * stride_xh + offs_d[None, :]
+    x1 = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(ptr + HALF, mask=mask, other=0.0).to(tl.float32)
+    out1 = round_to(x1 * c1, dt) + round_to(-x2 * s1, dt)
+    out2 = round_to(x2 * c2, dt) + round_to(x1 * s2, dt)
+    tl.store(ptr, cast(out1, dt), mask=mask)
+    tl.store(ptr + HALF, cast(out2, dt), mask=mask)
+
+
+@triton.jit
+def _rotary_tables_kernel(  # noqa: PLR0913 -- a kernel takes every stride as an argument
+    Q, K, Cos, Sin, stride_qt, stride_qh, stride_kt, stride_kh, stride_ct, stride_st,
+    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    m = offs_d < HALF
+    c1 = tl.load(Cos + t * stride_ct + offs_d, mask=m, other=0.0).to(tl.float32)[None, :]
+    c2 = tl.load(Cos + t * stride_ct + HALF + offs_d, mask=m, other=0.0).to(tl.float32)[None, :]
+    s1 = tl.load(Sin + t * stride_st + offs_d, mask=m, other=0.0).to(tl.float32)[None, :]
+    s2 = tl.load(Sin + t * stride_st + HALF + offs_d, mask=m, other=0.0).to(tl.float32)[None, :]
+    _rotate_heads_tables(Q, t, stride_qt, stride_qh, c1, c2, s1, s2,
+                         NUM_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)  # fmt: skip
+    _rotate_heads_tables(K, t, stride_kt, stride_kh, c1, c2, s1, s2,
+                         NUM_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)  # fmt: skip
+
+
+def rotary_tables_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotate q [T, Hq, D] and k [T, Hkv, D] in place by cos/sin [T, 1, D] (or [T, D]).
+
+    Rotate-half form over the whole head: out = x * cos + cat(-x2, x1) * sin, each product and
+    the sum rounded to q's dtype (the PyTorch expression's roundings). q, k, cos, sin share one
+    dtype; any token/head strides (q/k may be views of a fused qkv projection), last dims
+    contiguous, D even. Each element is read before it is written.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    require_unit_stride(q=q, k=k, cos=cos, sin=sin)
+    if num_tokens == 0:
+        return
+    half = head_dim // 2
+    _rotary_tables_kernel[(num_tokens,)](
+        q, k, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        cos.stride(0), sin.stride(0),
+        NUM_Q_HEADS=num_heads, NUM_K_HEADS=k.shape[1], HALF=half,
+        BLOCK_HQ=triton.next_power_of_2(num_heads), BLOCK_HK=triton.next_power_of_2(k.shape[1]),
+        BLOCK_HALF=triton.next_power_of_2(half),
+    )  # fmt: skip

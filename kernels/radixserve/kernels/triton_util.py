@@ -58,3 +58,33 @@ def load_rows(Base, rows, stride_row, offs, row_mask, col_mask):
 def tanh(x):
     """tanh through exp (tl has no tanh in every version and the interpreter)."""
     return 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0
+
+
+def interpreted() -> bool:
+    """True when this package's kernels were decorated under TRITON_INTERPRET=1 (they then run
+    on CPU tensors through numpy); fixed at import, as Triton reads the variable then."""
+    return type(tanh).__name__ == "InterpretedFunction"
+
+
+@triton.jit
+def round_to(x, DTYPE: tl.constexpr):
+    """fp32 x rounded to DTYPE, to nearest even (as torch rounds), returned as fp32.
+
+    The bf16 case rounds by integer arithmetic: the interpreter's own fp32 -> bf16 cast
+    truncates, and a value already on the bf16 grid casts exactly everywhere. NaN passes.
+    """
+    if tl.bfloat16 == DTYPE:
+        u = x.to(tl.uint32, bitcast=True)
+        r = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+        y = tl.where(x != x, x, r)
+    elif tl.float32 == DTYPE:
+        y = x
+    else:
+        y = x.to(DTYPE).to(tl.float32)
+    return y
+
+
+@triton.jit
+def cast(x, DTYPE: tl.constexpr):
+    """fp32 x stored as DTYPE with round-to-nearest-even on every backend (see `round_to`)."""
+    return round_to(x, DTYPE).to(DTYPE)

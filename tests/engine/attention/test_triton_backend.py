@@ -45,10 +45,14 @@ def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def generate(folder: Path, backend: str, device: str, **args: Any) -> tuple[list[Any], int]:
-    """Greedy outputs of `mixed_prompts` and the tokens the second batch found cached."""
+def generate(
+    folder: Path, backend: str, device: str, ops: Any = None, **args: Any
+) -> tuple[list[Any], int]:
+    """Greedy outputs of `mixed_prompts` and the tokens the second batch found cached. `ops`:
+    fused ops to hand every norm / activation / rotary / MoE module after start-up."""
     from radixserve.engine import EngineCore
     from radixserve.engine.attention.triton_backend import TritonAttnBackend
+    from radixserve.engine.model_executor.model_runner import attach_fused_ops
 
     engine = EngineCore(
         model_path=str(folder), device=device, dtype="float32", attention_backend=backend,
@@ -56,6 +60,8 @@ def generate(folder: Path, backend: str, device: str, **args: Any) -> tuple[list
     )  # fmt: skip
     try:
         assert isinstance(engine.runner.attn_backend, TritonAttnBackend) == (backend == "triton")
+        if ops is not None:
+            attach_fused_ops(engine.runner.model, ops, ops)
         prompts = mixed_prompts()
         # The first prompt alone first, so the second batch extends over its cached prefix.
         first = engine.generate(input_ids=prompts[:1], sampling_params=GREEDY)
@@ -152,3 +158,69 @@ def test_mixed_forward_matches_the_reference(page_size: int) -> None:
         outs.append(backend.forward(q, k, v, layer, fb))
     atol, rtol = TOLERANCE[torch.float32]
     torch.testing.assert_close(outs[1], outs[0], atol=atol, rtol=rtol)
+
+
+@pytest.fixture(scope="module")
+def tiny_moe_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("triton-qwen3-moe")
+    save_tiny("qwen3_moe", folder, seed=9)  # layer 0 sparse (8 experts, top-2), layer 1 dense
+    return folder
+
+
+class CountingOps:
+    """TritonFusedOps, counting the calls each op took (did not hand back to PyTorch)."""
+
+    def __init__(self) -> None:
+        from radixserve.kernels.fused_ops import TritonFusedOps
+
+        self.ops, self.taken = (
+            TritonFusedOps(),
+            dict.fromkeys(("rmsnorm", "silu_and_mul", "rotary_", "select_experts", "moe_f32"), 0),
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        op = getattr(self.ops, name)
+
+        def call(*args: Any) -> Any:
+            out = op(*args)
+            self.taken[name] += out is not None and out is not False
+            return out
+
+        return call
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
+def test_triton_fused_ops_greedy_equals_torch(
+    request: pytest.FixtureRequest, device: str, kind: str
+) -> None:
+    """The triton backend with the Triton RMSNorm / SiLU / rotary (and fused MoE) ops gives
+    the PyTorch path's greedy tokens (torch backend, --disable-fused-ops). On the CPU the ops
+    are handed over after start-up (the runner gives the CPU the C++ ops); on CUDA the runner
+    attaches them itself."""
+    from radixserve.engine.layers.moe import FusedMoE
+    from radixserve.kernels.fused_ops import TritonFusedOps
+
+    folder = request.getfixturevalue("tiny_folder" if kind == "llama" else "tiny_moe_folder")
+    args = {"page_size": 16, "chunked_prefill_size": 16}
+    expected, _ = generate(folder, "torch", device, disable_fused_ops=True, **args)
+    if device == "cpu":
+        ops = CountingOps()
+        got, _ = generate(folder, "triton", device, ops, disable_fused_ops=True, **args)
+        assert all(ops.taken[name] for name in ("rmsnorm", "silu_and_mul", "rotary_"))
+        if kind != "llama":
+            assert ops.taken["select_experts"] and ops.taken["moe_f32"]
+    else:
+        from radixserve.engine import EngineCore
+
+        engine = EngineCore(model_path=str(folder), device=device, dtype="float32",
+                            attention_backend="triton", max_total_tokens=1024)  # fmt: skip
+        try:
+            modules = list(engine.runner.model.modules())
+            assert any(isinstance(getattr(m, "fused", None), TritonFusedOps) for m in modules)
+            moes = [m for m in modules if isinstance(m, FusedMoE)]
+            assert all(isinstance(m.fused, TritonFusedOps) for m in moes)
+        finally:
+            engine.shutdown()
+        got, _ = generate(folder, "triton", device, **args)
+    assert got == expected
+    assert all(len(out) == NEW_TOKENS for out in got)

@@ -27,7 +27,7 @@ _HELP: Mapping[str, str] = MappingProxyType(
         "enable_kv_events": "record radix-tree KV events (implied by --kv-events-port, needs it)",
         "kv_events_port": "publish radix-tree KV events on this port (replay on port + 1)",
         "kv_events_format": "KV-event encoding: map (SGLang 0.5.23 / vLLM 0.32) or array (0.5.6)",
-        "disable_cpu_fused_ops": "CPU: PyTorch ops instead of the fused C++ norm/SiLU/rotary",
+        "disable_fused_ops": "PyTorch norm/SiLU/rotary/MoE, not the fused C++ (CPU) / Triton ops",
         "tp_size": "tensor-parallel ranks (one scheduler process each)",
         "dp_size": "data-parallel ranks: independent scheduling groups of tp_size ranks each",
         "ep_size": "expert-parallel ranks (divides tp_size and the expert count)",

@@ -62,9 +62,10 @@ class ServerArgs:
     # the pool's rows); captured at start-up (model_executor/cuda_graph_runner.py)
     cuda_graph_max_bs: int | None = None
     disable_cuda_graph: bool = False
-    # CPU: the fused C++ RMSNorm / SiLU-and-mul / rotary ops (kernels/cpu/fused_ops.cpp) in
-    # place of their PyTorch chains; off keeps the PyTorch ops (the kernels' oracle)
-    disable_cpu_fused_ops: bool = False
+    # fused RMSNorm / SiLU-and-mul / rotary ops in place of their PyTorch chains: C++ on the
+    # CPU (kernels/cpu/fused_ops.cpp), Triton on CUDA with the triton or flashinfer backend
+    # (kernels/fused_ops.py; plus the fused MoE with triton); on keeps PyTorch (the oracle)
+    disable_fused_ops: bool = False
     # parallelism: one scheduler process per rank. Without DP attention dp_size independent
     # scheduling groups of tp_size ranks each; with it tp_size ranks in all, whose attention is
     # split into dp_size DP ranks of tp_size / dp_size ranks (SGLang's convention)

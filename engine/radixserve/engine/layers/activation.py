@@ -10,13 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixserve.kernels.cpu.fused_ops import CpuFusedOps
+from radixserve.kernels.fused_ops_protocol import FusedOps
 
 
 class SiluAndMul(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.fused: CpuFusedOps | None = None  # set by the model runner on the CPU
+        self.fused: FusedOps | None = None  # set by the model runner (CPU / CUDA ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [num_tokens, 2 * d] → [num_tokens, d]."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from radixserve.kernels.cpu.fused_ops import CpuFusedOps
+from radixserve.kernels.fused_ops_protocol import FusedOps
 
 
 class RMSNorm(nn.Module):
@@ -18,7 +18,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
-        self.fused: CpuFusedOps | None = None  # set by the model runner on the CPU
+        self.fused: FusedOps | None = None  # set by the model runner (CPU / CUDA ops)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 like the HF reference, then cast back before the weight.

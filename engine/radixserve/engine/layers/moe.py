@@ -13,7 +13,10 @@ Algorithm. The T x top_k (token, choice) pairs are numbered row = t * top_k + j 
 expert (stable); each expert's contiguous run of rows gathers its tokens, runs
 silu(x Wg^T) * (x Wu^T) W2^T once, scales each row by its router weight and adds it into the
 token's output. Experts with no tokens are skipped; a token never picks one expert twice
-(top-k indices are distinct).
+(top-k indices are distinct). On CUDA with the triton attention backend the model runner sets
+`FusedMoE.fused` (`radixserve.kernels.fused_ops.TritonFusedOps`): the router's top-k and the
+experts then run as Triton kernels (sorted, block-padded rows; grouped GEMMs; weighted combine)
+with this code's roundings, and this code stays the path elsewhere.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from radixserve.engine.distributed import GroupHandle
 from radixserve.engine.layers.activation import SiluAndMul
 from radixserve.engine.layers.linear import Linear
 from radixserve.engine.layers.moe_dispatch import ep_moe_forward
+from radixserve.kernels.fused_ops_protocol import FusedMoeOps
 
 # Which third of an expert a checkpoint tensor is: w1 = gate, w3 = up, w2 = down (Mixtral's
 # names; Qwen's gate_proj / up_proj / down_proj map onto them).
@@ -103,6 +107,9 @@ class FusedMoE(nn.Module):
             torch.empty(local, hidden_size, intermediate_size), requires_grad=False
         )
         self.act = SiluAndMul()
+        # The Triton fused MoE (routing and experts), set by the model runner on CUDA with the
+        # triton attention backend; None keeps the PyTorch code below (and it is the oracle).
+        self.fused: FusedMoeOps | None = None
 
     def forward(self, hidden: torch.Tensor, topk: TopKOutput) -> torch.Tensor:
         """hidden [T, H] → [T, H] (hidden's dtype): Σ over each token's local top-k experts of
@@ -111,6 +118,11 @@ class FusedMoE(nn.Module):
 
     def forward_f32(self, hidden: torch.Tensor, topk: TopKOutput) -> torch.Tensor:
         """`forward` before the cast back: the float32 sum, for ranks to add up exactly."""
+        if self.fused is not None:
+            start, w13, w2 = self.expert_range.start, self.w13_weight, self.w2_weight
+            out = self.fused.moe_f32(hidden, w13, w2, *topk, start, self.num_experts)
+            if out is not None:
+                return out
         top_k = topk.ids.shape[1]
         out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
         flat_weights = topk.weights.reshape(-1)
@@ -210,7 +222,11 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [T, H] → [T, H]."""
-        topk = select_experts(self.gate(hidden), self.top_k, self.renormalize)
+        logits, fused = self.gate(hidden), self.experts.fused
+        chosen = fused.select_experts(logits, self.top_k, self.renormalize) if fused else None
+        topk = (
+            TopKOutput(*chosen) if chosen else select_experts(logits, self.top_k, self.renormalize)
+        )
         out = ep_moe_forward(self.experts, hidden, topk, self.ep, self.a2a_backend)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(hidden)) * self.shared_expert(hidden)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from radixserve.engine.configs.model_config import RopeScaling
-from radixserve.kernels.cpu.fused_ops import CpuFusedOps
+from radixserve.kernels.fused_ops_protocol import FusedOps
 
 
 def _base_inv_freq(head_dim: int, base: float) -> torch.Tensor:
@@ -86,7 +86,7 @@ class RotaryCosSin(NamedTuple):
 
     cos: torch.Tensor  # [T, 1, D], the model dtype, on the model's device
     sin: torch.Tensor  # [T, 1, D]
-    fused: CpuFusedOps | None = None  # the CPU op, where the model runner set one
+    fused: FusedOps | None = None  # the fused op, where the model runner set one
 
 
 def apply_rotary(
@@ -108,7 +108,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_position: int, base: float, scaling: RopeScaling) -> None:
         super().__init__()
-        self.fused: CpuFusedOps | None = None  # set by the model runner on the CPU
+        self.fused: FusedOps | None = None  # set by the model runner (CPU / CUDA ops)
         inv_freq, mscale = compute_inv_freq(head_dim, base, scaling, max_position)
         t = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from radixserve.engine.attention import AttentionBackend, create_attention_backend
 from radixserve.engine.attention.spec import AttentionSpec
@@ -24,6 +25,7 @@ from radixserve.engine.distributed import ParallelGroups
 from radixserve.engine.layers.activation import SiluAndMul
 from radixserve.engine.layers.layernorm import RMSNorm
 from radixserve.engine.layers.logits_processor import LogitsProcessorOutput
+from radixserve.engine.layers.moe import FusedMoE
 from radixserve.engine.layers.parallel_linear import kv_head_layout
 from radixserve.engine.layers.rotary_embedding import RotaryEmbedding
 from radixserve.engine.mem_cache import MHATokenToKVPool, ReqToTokenPool, create_allocator
@@ -36,6 +38,7 @@ from radixserve.engine.model_loader.loader import LoadedModelFiles
 from radixserve.engine.models import get_model_class
 from radixserve.engine.models.base import CausalLM
 from radixserve.kernels.cpu.fused_ops import load_fused_ops
+from radixserve.kernels.fused_ops_protocol import FusedMoeOps, FusedOps
 from radixserve.logging_setup import iter_progress
 
 logger = logging.getLogger(__name__)
@@ -87,6 +90,16 @@ def compute_pool_sizes(
     return PoolSizes(tokens, rows, source)
 
 
+def attach_fused_ops(model: nn.Module, ops: FusedOps | None, moe: FusedMoeOps | None) -> None:
+    """Set `fused` on every RMSNorm / SiluAndMul / RotaryEmbedding (ops) and FusedMoE (moe)
+    module of model; None leaves a module as it is."""
+    for module in model.modules():
+        if ops is not None and isinstance(module, (RMSNorm, SiluAndMul, RotaryEmbedding)):
+            module.fused = ops
+        elif moe is not None and isinstance(module, FusedMoE):
+            module.fused = moe
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -100,7 +113,7 @@ class ModelRunner:
         self.device = torch.device(args.device)
         self.groups = groups or ParallelGroups.single(self.device)
         self.model = model if model is not None else self._load_model(files)
-        self._attach_cpu_fused_ops()
+        self._attach_fused_ops()
         c = self.model_config
         self.num_local_kv_heads = kv_head_layout(
             c.num_key_value_heads, self.groups.attn_tp
@@ -134,17 +147,24 @@ class ModelRunner:
             self.sizes.source,
         )
 
-    def _attach_cpu_fused_ops(self) -> None:
-        """On the CPU, hand every norm, activation and rotary module the fused C++ ops (each
-        falls back to its PyTorch code for tensors the op does not take)."""
-        if self.device.type != "cpu" or self.args.disable_cpu_fused_ops:
+    def _attach_fused_ops(self) -> None:
+        """Hand every norm, activation and rotary module the fused ops of its device: the C++
+        ops on the CPU, the Triton ops on CUDA with the triton or flashinfer backend (and the
+        Triton fused MoE to every FusedMoE with triton). Each module falls back to its PyTorch
+        code for tensors an op does not take; --disable-fused-ops keeps PyTorch throughout."""
+        if self.args.disable_fused_ops:
             return
-        ops = load_fused_ops()
-        if ops is None:  # no compiler or a failed build: logged, PyTorch serves
-            return
-        for module in self.model.modules():
-            if isinstance(module, (RMSNorm, SiluAndMul, RotaryEmbedding)):
-                module.fused = ops
+        backend = self.args.resolved_attention_backend
+        if self.device.type == "cpu":
+            ops: FusedOps | None = load_fused_ops()  # None: no compiler or a failed build
+            attach_fused_ops(self.model, ops, None)
+            logger.info("fused_ops=%s", "cpu" if ops is not None else "none (build failed)")
+        elif self.device.type == "cuda" and backend in ("triton", "flashinfer"):
+            from radixserve.kernels.fused_ops import TritonFusedOps
+
+            triton_ops = TritonFusedOps()
+            attach_fused_ops(self.model, triton_ops, triton_ops if backend == "triton" else None)
+            logger.info("fused_ops=triton%s", " (+ fused MoE)" if backend == "triton" else "")
 
     def _create_backend(self) -> AttentionBackend:
         c, name = self.model_config, self.args.resolved_attention_backend
