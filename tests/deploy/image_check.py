@@ -47,10 +47,16 @@ START_TIMEOUT_S = 300
 HARDENED = [
     "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
     "--tmpfs", f"/tmp:rw,exec,size=1g,uid={UID},gid={UID}",
-    "--tmpfs", f"/home/radixserve/.cache:rw,size=1g,uid={UID},gid={UID}",
+    "--tmpfs", f"/home/radixserve/.cache:rw,exec,size=1g,uid={UID},gid={UID}",  # kernels .so
 ]  # fmt: skip
 NO_TORCH = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is not None)"
 HAS_TORCH = "import torch; print(torch.__version__)"
+# The CPU kernels build (g++ in the image) into the cache a pod mounts writable (~/.cache)
+HAS_KERNELS = (
+    "from radixserve.engine.attention.paged_cpu import load_paged_kernel; "
+    "from radixserve.kernels.cpu.fused_ops import load_fused_ops; "
+    "import sys; sys.exit(load_paged_kernel() is None or load_fused_ops() is None)"
+)
 
 
 def step(message: str) -> None:
@@ -195,6 +201,10 @@ def check_image(docker: list[str], target: str) -> int:
     if target == "engine":
         version = run([*python, HAS_TORCH])
         assert version.startswith(TORCH_VERSION), f"{image}: torch {version}"
+        cache = ["--tmpfs", f"/home/radixserve/.cache:rw,exec,uid={UID},gid={UID}"]
+        kernels = [*docker, "run", "--rm", "--read-only", *cache, "--entrypoint", "python"]
+        built = subprocess.run([*kernels, image, "-c", HAS_KERNELS])
+        assert built.returncode == 0, f"{image}: the CPU kernels did not build"
     else:
         assert subprocess.run([*python, NO_TORCH]).returncode == 0, f"{image} holds torch"
     run([*docker, "run", "--rm", "--read-only", image, "--help"])  # the CLI starts

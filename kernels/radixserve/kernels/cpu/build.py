@@ -63,14 +63,17 @@ def _build_key(source: Path, compiler: str) -> str:
 
 
 def _compile(source: Path, compiler: str, target: Path) -> None:
-    """Compile and link into a temporary file beside `target`, then rename it into place."""
+    """Compile and link into a temporary file beside `target`, then rename it into place.
+    The compiler's own temporaries go there too (TMPDIR): under a read-only root filesystem
+    the cache folder may be the only writable place."""
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         obj, lib = Path(tmp) / "k.o", Path(tmp) / target.name
+        env = {**os.environ, "TMPDIR": tmp}
         for cmd in (
             [compiler, *COMPILE_FLAGS, "-c", str(source), "-o", str(obj)],
             [compiler, str(obj), "-o", str(lib), *LINK_FLAGS],
         ):
-            subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
+            subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600, env=env)
         os.replace(lib, target)
 
 
