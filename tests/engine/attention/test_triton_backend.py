@@ -224,3 +224,21 @@ def test_triton_fused_ops_greedy_equals_torch(
         got, _ = generate(folder, "triton", device, **args)
     assert got == expected
     assert all(len(out) == NEW_TOKENS for out in got)
+
+
+def test_fused_ops_are_chosen_by_device_and_backend() -> None:
+    """C++ ops on the CPU, Triton ops on CUDA with triton (+ fused MoE) or flashinfer, none
+    with the torch backend or --disable-fused-ops (the choice only; no device needed)."""
+    from radixserve.engine.model_executor.model_runner import fused_ops_for
+    from radixserve.kernels.cpu.fused_ops import CpuFusedOps
+    from radixserve.kernels.fused_ops import TritonFusedOps
+
+    cpu_ops, cpu_moe = fused_ops_for("cpu", "grouped", False)
+    assert (cpu_ops is None or isinstance(cpu_ops, CpuFusedOps)) and cpu_moe is None
+    ops, moe = fused_ops_for("cuda", "triton", False)
+    assert isinstance(ops, TritonFusedOps) and isinstance(moe, TritonFusedOps)
+    ops, moe = fused_ops_for("cuda", "flashinfer", False)
+    assert isinstance(ops, TritonFusedOps) and moe is None
+    assert fused_ops_for("cuda", "torch", False) == (None, None)
+    assert fused_ops_for("cuda", "triton", True) == (None, None)
+    assert fused_ops_for("cpu", "grouped", True) == (None, None)

@@ -90,6 +90,25 @@ def compute_pool_sizes(
     return PoolSizes(tokens, rows, source)
 
 
+def fused_ops_for(
+    device_type: str, backend: str, disabled: bool
+) -> tuple[FusedOps | None, FusedMoeOps | None]:
+    """(ops for the norm / activation / rotary modules, ops for FusedMoE): the C++ ops on the
+    CPU (None where they cannot be built), the Triton ops on CUDA with the triton or
+    flashinfer backend (and the Triton fused MoE with triton), none elsewhere or when
+    disabled (--disable-fused-ops: PyTorch throughout)."""
+    if disabled:
+        return None, None
+    if device_type == "cpu":
+        return load_fused_ops(), None
+    if device_type == "cuda" and backend in ("triton", "flashinfer"):
+        from radixserve.kernels.fused_ops import TritonFusedOps
+
+        ops = TritonFusedOps()
+        return ops, ops if backend == "triton" else None
+    return None, None
+
+
 def attach_fused_ops(model: nn.Module, ops: FusedOps | None, moe: FusedMoeOps | None) -> None:
     """Set `fused` on every RMSNorm / SiluAndMul / RotaryEmbedding (ops) and FusedMoE (moe)
     module of model; None leaves a module as it is."""
@@ -148,23 +167,13 @@ class ModelRunner:
         )
 
     def _attach_fused_ops(self) -> None:
-        """Hand every norm, activation and rotary module the fused ops of its device: the C++
-        ops on the CPU, the Triton ops on CUDA with the triton or flashinfer backend (and the
-        Triton fused MoE to every FusedMoE with triton). Each module falls back to its PyTorch
-        code for tensors an op does not take; --disable-fused-ops keeps PyTorch throughout."""
-        if self.args.disable_fused_ops:
-            return
+        """Hand every norm, activation and rotary module (and FusedMoE) the fused ops of its
+        device (`fused_ops_for`); each module falls back to its PyTorch code for tensors an op
+        does not take."""
         backend = self.args.resolved_attention_backend
-        if self.device.type == "cpu":
-            ops: FusedOps | None = load_fused_ops()  # None: no compiler or a failed build
-            attach_fused_ops(self.model, ops, None)
-            logger.info("fused_ops=%s", "cpu" if ops is not None else "none (build failed)")
-        elif self.device.type == "cuda" and backend in ("triton", "flashinfer"):
-            from radixserve.kernels.fused_ops import TritonFusedOps
-
-            triton_ops = TritonFusedOps()
-            attach_fused_ops(self.model, triton_ops, triton_ops if backend == "triton" else None)
-            logger.info("fused_ops=triton%s", " (+ fused MoE)" if backend == "triton" else "")
+        ops, moe = fused_ops_for(self.device.type, backend, self.args.disable_fused_ops)
+        attach_fused_ops(self.model, ops, moe)
+        logger.info("fused_ops=%s fused_moe=%s", type(ops).__name__, type(moe).__name__)
 
     def _create_backend(self) -> AttentionBackend:
         c, name = self.model_config, self.args.resolved_attention_backend
