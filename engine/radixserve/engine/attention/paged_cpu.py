@@ -1,4 +1,4 @@
-"""The C++ paged attention kernel for the CPU (`paged_attention_cpu.cpp`): load and call.
+"""The C++ paged attention kernel for the CPU (`kernels/cpu/paged_attention.cpp`): load, call.
 
 The kernel reads every query row's keys and values straight from the KV pool's slots, so a
 decode step no longer gathers each request's whole history per layer. It is built and cached
@@ -12,14 +12,13 @@ from __future__ import annotations
 import ctypes
 import functools
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from radixserve.kernels.cpu.build import load_library
+from radixserve.kernels.cpu.build import KERNEL_DIR, load_library
 
-SOURCE = Path(__file__).with_name("paged_attention_cpu.cpp")
+SOURCE = KERNEL_DIR / "paged_attention.cpp"
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 _ARGTYPES: list[Any] = [
     ctypes.c_int,

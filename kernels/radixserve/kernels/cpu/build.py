@@ -24,6 +24,8 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
+KERNEL_DIR = Path(__file__).parent  # the .cpp sources and the headers they share
+
 # -ffast-math only when compiling (vectorised exp, reassociated dot products): linking with it
 # would pull in crtfastmath.o, which turns on flush-to-zero for the whole process.
 COMPILE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-std=c++17")
@@ -55,7 +57,12 @@ def _build_key(source: Path, compiler: str) -> str:
         [compiler, "--version"], capture_output=True, text=True, check=True, timeout=30
     ).stdout
     h = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join(COMPILE_FLAGS + LINK_FLAGS).encode()):
+    headers = sorted(source.parent.glob("*.h"))  # what a source may include
+    for part in (
+        source.read_bytes(),
+        *(header.read_bytes() for header in headers),
+        " ".join(COMPILE_FLAGS + LINK_FLAGS).encode(),
+    ):
         h.update(part)
     h.update(version.encode())
     h.update(_cpu_flags().encode())

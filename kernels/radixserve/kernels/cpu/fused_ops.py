@@ -12,14 +12,13 @@ from __future__ import annotations
 import ctypes
 import functools
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from radixserve.kernels.cpu.build import load_library
+from radixserve.kernels.cpu.build import KERNEL_DIR, load_library
 
-SOURCE = Path(__file__).with_name("fused_ops.cpp")
+SOURCE = KERNEL_DIR / "fused_ops.cpp"
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES: dict[str, list[Any]] = {

@@ -18,29 +18,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+
+#include "scalar.h"
 #include <vector>
 
 namespace {
 
-inline float bf16_to_f32(uint16_t x) {
-  uint32_t u = static_cast<uint32_t>(x) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even, as torch does
-  return static_cast<uint16_t>(u >> 16);
-}
-
-inline float load(const float* p, int64_t i) { return p[i]; }
-inline float load(const uint16_t* p, int64_t i) { return bf16_to_f32(p[i]); }
-inline void store(float* p, int64_t i, float x) { p[i] = x; }
-inline void store(uint16_t* p, int64_t i, float x) { p[i] = f32_to_bf16(x); }
+using namespace radixserve_cpu;
 
 struct Shape {
   int64_t nrows, hq, hkv, d;
