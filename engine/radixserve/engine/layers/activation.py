@@ -1,7 +1,8 @@
 """SiLU-and-multiply: the gated MLP activation over a fused [gate | up] projection.
 
-On the CPU the model runner hands it the fused C++ op (`fused`): one pass instead of three
-PyTorch ops and two temporaries, the same roundings; PyTorch is the path elsewhere.
+The model runner hands it a fused op (`fused`: C++ on the CPU, Triton on CUDA with the
+triton/flashinfer backends): one pass instead of three PyTorch ops and two temporaries, the
+same roundings; PyTorch serves where none is set or the op declines the tensor.
 """
 
 from __future__ import annotations

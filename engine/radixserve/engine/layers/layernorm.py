@@ -1,8 +1,10 @@
 """RMSNorm with an optional fused residual add (the decoder-layer calling convention).
 
-On the CPU the model runner hands every norm the fused C++ op (`fused`, see
-`radixserve.kernels.cpu.fused_ops`): one pass per row instead of six PyTorch ops, the same
-roundings. The PyTorch code below stays the path everywhere else and the kernel's oracle.
+The model runner hands every norm a fused op (`fused`): the C++ one on the CPU
+(`radixserve.kernels.cpu.fused_ops`), the Triton one on CUDA with the triton or flashinfer
+backend (`radixserve.kernels.fused_ops`): one pass per row instead of six PyTorch ops, the
+same roundings. The PyTorch code below serves where the op declines a tensor or none is set
+(`--disable-fused-ops`), and is the ops' oracle.
 """
 
 from __future__ import annotations

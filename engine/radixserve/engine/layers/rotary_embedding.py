@@ -4,8 +4,9 @@ the supported configs use: default, linear, llama3 and yarn.
 The cos/sin table is computed once for all positions up to max_position in float32, and one
 table serves every layer of a model: the model gathers the batch's rows once per forward
 (`cos_sin`) and each attention layer applies them (`apply_rotary`), so any mix of requests
-and offsets works. On the CPU the model runner hands the module the fused C++ op (`fused`),
-which rotates q and k in place in one pass with the PyTorch path's roundings.
+and offsets works. The model runner hands the module a fused op (`fused`: C++ on the CPU,
+Triton on CUDA with the triton/flashinfer backends), which rotates q and k in place in one
+pass with the PyTorch path's roundings.
 """
 
 from __future__ import annotations
