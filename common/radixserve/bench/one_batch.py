@@ -48,6 +48,11 @@ def add_one_batch_parser(sub: Any) -> None:
         help="PyTorch norm/SiLU/rotary/MoE instead of the fused C++ / Triton ops (an A/B)",
     )
     p.add_argument(
+        "--disable-weight-prepack",
+        action="store_true",
+        help="CPU bf16: plain weights and F.linear instead of oneDNN-prepacked ones (an A/B)",
+    )
+    p.add_argument(
         "--profile",
         action="store_true",
         help="torch.profiler over prefill and decode: print the top ops by self CPU time",
@@ -227,6 +232,7 @@ def run_one_batch(args: argparse.Namespace) -> int:
         max_total_tokens=_pool_tokens(bs, n_in + n_out, args.page_size) + n_pre,
         disable_overlap_schedule=True,
         disable_fused_ops=args.disable_fused_ops,
+        disable_weight_prepack=args.disable_weight_prepack,
     )
     runner, vocab = engine.runner, engine.model_config.vocab_size
     rng = random.Random(args.seed)

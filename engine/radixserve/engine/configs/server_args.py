@@ -66,6 +66,9 @@ class ServerArgs:
     # CPU (kernels/cpu/fused_ops.cpp), Triton on CUDA with the triton or flashinfer backend
     # (kernels/fused_ops.py; plus the fused MoE with triton); on keeps PyTorch (the oracle)
     disable_fused_ops: bool = False
+    # CPU bfloat16: projection weights prepacked once for oneDNN (layers/parallel_linear.py);
+    # off keeps plain weights and F.linear (the A/B)
+    disable_weight_prepack: bool = False
     # parallelism: one scheduler process per rank. Without DP attention dp_size independent
     # scheduling groups of tp_size ranks each; with it tp_size ranks in all, whose attention is
     # split into dp_size DP ranks of tp_size / dp_size ranks (SGLang's convention)

@@ -5,6 +5,10 @@ all-reduced). Each loads its own slice of the full checkpoint tensor.
 Runs in every scheduler process; with a TP group of size 1 these are the plain layers.
 Shard map of the fused q/k/v: rank r holds q heads [r·H/tp, (r+1)·H/tp) and KV heads
 [r·K/tp, …) when K ≥ tp, else the one KV head r // (tp/K) (replicated over tp/K ranks).
+
+On a CPU in bfloat16 the model runner prepacks each weight once into oneDNN's blocked layout
+(`prepack_cpu`), as torch inductor's CPU freezing and vLLM's CPU backend do: F.linear would
+otherwise reorder the weight on every call. Same oneDNN kernels, bit-identical results.
 """
 
 from __future__ import annotations
@@ -17,6 +21,48 @@ from torch import nn
 
 from radixserve.engine.distributed import GroupHandle
 from radixserve.engine.model_loader.weight import Weight, read_slice, weight_shape
+
+# oneDNN picks its blocked layout for a batch size; one layout serves every batch. Measured
+# (docs/benchmarks.md): packed for 256 rows it is faster than per-call reordering from 1 to
+# 256 rows and even at 1024.
+PACK_BATCH_HINT = 256
+
+
+def can_prepack(weight: torch.Tensor) -> bool:
+    """A CPU bfloat16 weight where torch has oneDNN (the prepacked op needs both)."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.bfloat16
+        and torch.backends.mkldnn.is_available()
+    )
+
+
+def _linear(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    packed: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    if packed is not None:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    assert weight is not None, "weight released by prepack_cpu but no packed weight"
+    return F.linear(x, weight, bias)
+
+
+class _Prepackable(nn.Module):
+    """The prepacked-weight slot shared by both layers."""
+
+    weight: nn.Parameter | None
+    packed: torch.Tensor | None = None
+
+    def prepack_cpu(self) -> bool:
+        """Replace the weight by its oneDNN-prepacked copy (no second copy is kept: loading
+        is over). Returns False, changing nothing, where the weight cannot be packed."""
+        if self.weight is None or self.packed is not None or not can_prepack(self.weight):
+            return False
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.data, PACK_BATCH_HINT)
+        self.register_parameter("weight", None)
+        return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +85,7 @@ def _copy_rows(target: torch.Tensor, start: int, w: Weight, src_start: int, n: i
     target.data[start : start + n].copy_(read_slice(w, 0, src_start, n))
 
 
-class ColumnParallelLinear(nn.Module):
+class ColumnParallelLinear(_Prepackable):
     """y_local = x W_localᵀ (+ b_local); W_local: [output/tp, in]. Output stays sharded."""
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool, tp: GroupHandle):
@@ -56,13 +102,16 @@ class ColumnParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(rows), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return _linear(x, self.weight, self.packed, self.bias)
 
     def load_shard(self, shard: int, w: Weight, is_bias: bool) -> None:
         """Copy this rank's rows of checkpoint projection `shard` (q/k/v, gate/up index)."""
         target = self.bias if is_bias else self.weight
         if target is None:
-            raise ValueError("checkpoint has a bias for a projection built without one")
+            raise ValueError(
+                "checkpoint has a bias for a projection built without one "
+                "(or the weight was already prepacked)"
+            )
         n, src = self.shards[shard]
         _copy_rows(target, self.offsets[shard], w, src, n)
 
@@ -92,7 +141,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         self._init(hidden_size, bias)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_Prepackable):
     """y = all_reduce(x_local W_localᵀ) + b; W_local: [out, in/tp], x_local sharded likewise."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool, tp: GroupHandle) -> None:
@@ -103,7 +152,7 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(output_size), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.tp.all_reduce(F.linear(x, self.weight))
+        out = self.tp.all_reduce(_linear(x, self.weight, self.packed, None))
         return out + self.bias if self.bias is not None else out
 
     def load_full(self, w: Weight, is_bias: bool) -> None:
@@ -112,4 +161,6 @@ class RowParallelLinear(nn.Module):
             self.bias.data.copy_(read_slice(w, 0, 0, weight_shape(w)[0]))
             return
         start = self.tp.rank * self.local_in
+        if self.weight is None:
+            raise ValueError("the weight was prepacked: load before prepack_cpu")
         self.weight.data.copy_(read_slice(w, 1, start, self.local_in))

@@ -26,7 +26,11 @@ from radixserve.engine.layers.activation import SiluAndMul
 from radixserve.engine.layers.layernorm import RMSNorm
 from radixserve.engine.layers.logits_processor import LogitsProcessorOutput
 from radixserve.engine.layers.moe import FusedMoE
-from radixserve.engine.layers.parallel_linear import kv_head_layout
+from radixserve.engine.layers.parallel_linear import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    kv_head_layout,
+)
 from radixserve.engine.layers.rotary_embedding import RotaryEmbedding
 from radixserve.engine.mem_cache import MHATokenToKVPool, ReqToTokenPool, create_allocator
 from radixserve.engine.model_executor.cuda_graph_runner import (
@@ -133,6 +137,7 @@ class ModelRunner:
         self.groups = groups or ParallelGroups.single(self.device)
         self.model = model if model is not None else self._load_model(files)
         self._attach_fused_ops()
+        self._prepack_cpu_weights()
         c = self.model_config
         self.num_local_kv_heads = kv_head_layout(
             c.num_key_value_heads, self.groups.attn_tp
@@ -174,6 +179,18 @@ class ModelRunner:
         ops, moe = fused_ops_for(self.device.type, backend, self.args.disable_fused_ops)
         attach_fused_ops(self.model, ops, moe)
         logger.info("fused_ops=%s fused_moe=%s", type(ops).__name__, type(moe).__name__)
+
+    def _prepack_cpu_weights(self) -> None:
+        """CPU bfloat16: every projection's weight prepacked for oneDNN once (parallel_linear)."""
+        if self.device.type != "cpu" or self.args.disable_weight_prepack:
+            return
+        packed = [
+            m.prepack_cpu()
+            for m in self.model.modules()
+            if isinstance(m, (ColumnParallelLinear, RowParallelLinear))
+        ]
+        if any(packed):
+            logger.info("weight_prepack: %d of %d projections", sum(packed), len(packed))
 
     def _create_backend(self) -> AttentionBackend:
         c, name = self.model_config, self.args.resolved_attention_backend
