@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import threading
@@ -64,6 +65,7 @@ def add_soak_parser(sub: Any) -> None:
     p.add_argument("--kv-events-base-port", type=int, default=5657)
     p.add_argument("--threads-per-replica", type=int, default=1)
     p.add_argument("--engine-args", default="", help="extra `serve` flags")
+    p.add_argument("--router-args", default="", help="extra `router` flags")
     p.add_argument("--log-dir", default="/tmp/radixserve-soak")
     p.add_argument("--log-format", default="text")
     p.add_argument("--output", default=None, help="JSON report path")
@@ -262,6 +264,7 @@ def run_soak(args: argparse.Namespace) -> int:
             "1",
             "--worker-urls",
             *(r.url for r in replicas),
+            *shlex.split(args.router_args),
         ]
         with log_path.open("wb") as log:  # fmt: skip
             router_proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
