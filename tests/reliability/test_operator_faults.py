@@ -11,8 +11,9 @@ operator's real handlers run by kopf:
 - every watch request answered with an HTTP 410 Gone (not the event inside a stream): the
   operator lists again and goes on reconciling instead of ending.
 
-The fault layer is a subclass of the test emulator that decides, per request, to answer with
-kmock's own Kubernetes error object, to close the connection, or to wait first.
+The fault layer (`kmock_faults.py`) is a subclass of the test emulator that decides, per
+request, to answer with kmock's own Kubernetes error object, to close the connection, or to
+wait first.
 """
 
 from __future__ import annotations
@@ -20,160 +21,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import attrs
 import kmock
-import kopf
 import pytest
 from kmock._internal import enums, rendering
 
-from radixserve.operator.config import OperatorConfig
-from radixserve.operator.handlers import register
 from tests.operator.cases import SMOLLM_CPU
-from tests.operator.emulator import ApiServer
-from tests.operator.test_operator_kmock import (
-    CHILDREN,
-    DEPLOYMENTS,
-    ISVCS,
-    NS,
-    Cluster,
-    condition,
-    eventually,
+from tests.operator.test_operator_kmock import CHILDREN, DEPLOYMENTS, ISVCS, Cluster, eventually
+from tests.reliability.kmock_faults import (
+    KINDS,
+    FaultyApiServer,
+    all_children,
+    converged,
+    drop,
+    embedded_operator,
+    error,
+    hang_until,
+    is_request,
 )
 
 pytestmark = pytest.mark.timeout(90)
-
-Fault = Callable[[rendering.Request], Any]  # returns None (no fault) or an awaitable fault
-
-
-@attrs.define(kw_only=True)
-class FaultyApiServer(ApiServer):
-    """The emulator, with `fault(request)` consulted before each request is served."""
-
-    fault: Fault | None = attrs.field(default=None)
-    faults_served: int = attrs.field(default=0, init=False)
-
-    expire_watches: bool = attrs.field(default=False)
-    watches_expired: int = attrs.field(default=0, init=False)
-
-    async def _handle(self, request: rendering.Request) -> Any:
-        action = self.fault(request) if self.fault is not None else None
-        if action is not None:
-            self.faults_served += 1
-            await action
-        return await super()._handle(request)
-
-    async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[Any]:
-        """While `expire_watches`, a watch ends with kube-apiserver's 410 event (too old a
-        resourceVersion), which the client must answer with a fresh list: a new watch at
-        once, one already open as soon as the flag is set."""
-        if self.expire_watches:
-            yield b""
-            yield self._expired()
-            return
-        async for item in super()._serve_watch(request):
-            yield item
-        if self.expire_watches:
-            yield self._expired()
-
-    def _keep_watching(self, request: rendering.Request) -> bool:
-        return not self.expire_watches and super()._keep_watching(request)
-
-    def _expired(self) -> dict[str, Any]:
-        self.watches_expired += 1
-        status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410}
-        status |= {"reason": "Expired", "message": "too old resource version"}
-        return {"type": "ERROR", "object": status}
-
-
-async def _error(status: int, reason: str) -> None:
-    raise kmock.KubernetesError(status=status, reason=reason, message=f"injected {status}")
-
-
-async def _drop(request: rendering.Request) -> None:
-    raw = request._raw_request
-    if raw is not None and raw.transport is not None:
-        raw.transport.close()  # the client sees the connection reset, no answer
-    raise kmock.KubernetesError(status=503, reason="Dropped", message="connection dropped")
-
-
-async def _hang_until(release: asyncio.Event) -> None:
-    await release.wait()
-    raise kmock.KubernetesError(status=503, reason="Dropped", message="the caller is gone")
-
-
-@contextlib.asynccontextmanager
-async def embedded_operator(api: ApiServer) -> AsyncIterator[asyncio.Task[Any]]:
-    """One operator process's worth of kopf against `api` (stopped gracefully at the end,
-    unless the test cancels the task itself: a crash)."""
-    url = str(api.url).rstrip("/")
-    registry = kopf.OperatorRegistry()
-
-    def login(**_: Any) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(server=url)
-
-    register(registry, OperatorConfig(resync_seconds=0.5), login=login)
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(
-        kopf.operator(
-            registry=registry, clusterwide=True, standalone=True, stop_flag=stop, ready_flag=ready
-        )
-    )
-    await asyncio.wait_for(ready.wait(), 10)
-    try:
-        yield task
-    finally:
-        if not task.done():
-            stop.set()
-            await asyncio.wait_for(task, 20)
-
-
-KINDS = [
-    f"/api/v1/namespaces/{NS}/serviceaccounts",
-    f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/roles",
-    f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/rolebindings",
-    f"/api/v1/namespaces/{NS}/services",
-    DEPLOYMENTS,
-]
-
-
-async def _all_children(k8s: Cluster) -> dict[str, dict[str, Any]]:
-    """Every object of the children's kinds in the namespace, by path (a `kubectl get`)."""
-    out = {}
-    for kind in KINDS:
-        listing = await k8s.get(kind)
-        for item in (listing or {}).get("items") or []:
-            out[f"{kind}/{item['metadata']['name']}"] = item
-    return out
-
-
-async def _converged(k8s: Cluster, uid: str) -> None:
-    """Every child once, owned by `uid` alone, nothing else; then Ready once pods are."""
-
-    async def complete() -> bool:
-        return set(await _all_children(k8s)) == set(CHILDREN)
-
-    await eventually(complete, "exactly the children", timeout=30)
-    for path, child in (await _all_children(k8s)).items():
-        owners = child["metadata"].get("ownerReferences") or []
-        assert [o["uid"] for o in owners] == [uid], (path, owners)
-    await k8s.set_ready("chat-engine", 2)
-    await k8s.set_ready("chat-router", 2)
-
-    async def ready() -> bool:
-        isvc = await k8s.get(f"{ISVCS}/chat")
-        status = (isvc or {}).get("status") or {}
-        return condition(isvc, "Ready").get("status") == "True" and status.get(
-            "observedGeneration"
-        ) == (isvc or {}).get("metadata", {}).get("generation")
-
-    await eventually(ready, "Ready=True at the current generation", timeout=30)
-
-
-def _is(request: rendering.Request, action: Any, path_end: str) -> bool:
-    return request.action == action and request.url.path.endswith(path_end)
 
 
 def test_operator_killed_mid_reconcile_and_restarted_converges_without_duplicates() -> None:
@@ -185,9 +53,13 @@ def test_operator_killed_mid_reconcile_and_restarted_converges_without_duplicate
         # made, some not, when it dies.
         data = request.data if isinstance(request.data, dict) else {}
         engine = (data.get("metadata") or {}).get("name") == "chat-engine"
-        if _is(request, enums.action.CREATE, "/deployments") and engine and not release.is_set():
+        if (
+            is_request(request, enums.action.CREATE, "/deployments")
+            and engine
+            and not release.is_set()
+        ):
             hung.set()
-            return _hang_until(release)
+            return hang_until(release)
         return None
 
     async def scenario() -> None:
@@ -197,14 +69,14 @@ def test_operator_killed_mid_reconcile_and_restarted_converges_without_duplicate
             async with embedded_operator(api) as first:
                 isvc = await k8s.create("chat", SMOLLM_CPU)
                 await asyncio.wait_for(hung.wait(), 15)
-                made = set(await _all_children(k8s))
+                made = set(await all_children(k8s))
                 assert made and made < set(CHILDREN), made  # really in the middle
                 first.cancel()  # a crash: no graceful stop, no cleanup handlers
                 with contextlib.suppress(asyncio.CancelledError):
                     await first
             release.set()  # the hung create fails now (its caller is gone)
             async with embedded_operator(api):
-                await _converged(k8s, isvc["metadata"]["uid"])
+                await converged(k8s, isvc["metadata"]["uid"])
 
     asyncio.run(scenario())
 
@@ -289,9 +161,9 @@ async def _converged_fields(k8s: Cluster, generation: int) -> None:
 def test_api_faults_are_retried_with_backoff_status_stays_honest_and_it_converges() -> None:
     faults_on = asyncio.Event()
     kinds = [
-        lambda r: _error(500, "InternalError"),
-        lambda r: _error(409, "Conflict"),
-        lambda r: _drop(r),
+        lambda r: error(500, "InternalError"),
+        lambda r: error(409, "Conflict"),
+        lambda r: drop(r),
         lambda r: asyncio.sleep(1.5),  # a slow answer
     ]
     seen: list[int] = []
@@ -324,7 +196,7 @@ def test_api_faults_are_retried_with_backoff_status_stays_honest_and_it_converge
                 isvc = await k8s.create("chat", SMOLLM_CPU)
 
                 async def made() -> bool:
-                    return set(await _all_children(k8s)) == set(CHILDREN)
+                    return set(await all_children(k8s)) == set(CHILDREN)
 
                 await eventually(made, "the children of generation 1", timeout=30)
                 await k8s.set_ready("chat-engine", 1)  # 1 of 2 pods ready, each
@@ -366,7 +238,7 @@ def test_api_faults_are_retried_with_backoff_status_stays_honest_and_it_converge
                     return args[args.index("--max-running-requests") + 1] == "32"
 
                 await eventually(applied, "generation 2 applied", timeout=30)
-                await _converged(k8s, isvc["metadata"]["uid"])
+                await converged(k8s, isvc["metadata"]["uid"])
                 await _converged_fields(k8s, generation=2)
             print(
                 f"operator faults: {tried} calls failed and {api.watches_expired} watches "
@@ -391,7 +263,7 @@ def test_watch_requests_answered_410_gone_list_again_and_it_keeps_reconciling() 
             answered["list"] += 1
         if request.action == enums.action.WATCH:
             answered["watch 410"] += 1
-            return _error(410, "Expired")  # the answer to the request, before any stream
+            return error(410, "Expired")  # the answer to the request, before any stream
         return None
 
     async def scenario() -> None:
@@ -405,7 +277,7 @@ def test_watch_requests_answered_410_gone_list_again_and_it_keeps_reconciling() 
 
                 async def reconciled() -> bool:
                     assert not running.done(), "the operator ended on a 410 answer to a watch"
-                    return set(await _all_children(k8s)) == set(CHILDREN)
+                    return set(await all_children(k8s)) == set(CHILDREN)
 
                 await eventually(reconciled, "children made while every watch is 410", 30)
                 await asyncio.sleep(GONE_WINDOW_S)
@@ -414,7 +286,7 @@ def test_watch_requests_answered_410_gone_list_again_and_it_keeps_reconciling() 
                 assert answered["watch 410"] >= 2 * len(KINDS), answered
                 assert answered["list"] >= answered["watch 410"] // 2, answered
                 gone.clear()
-                await _converged(k8s, isvc["metadata"]["uid"])
+                await converged(k8s, isvc["metadata"]["uid"])
                 assert not running.done()
             print(f"watch 410 Gone: {answered}, then converged")
 
