@@ -88,9 +88,12 @@ async def hang_until(release: asyncio.Event) -> None:
 
 
 @contextlib.asynccontextmanager
-async def embedded_operator(api: ApiServer) -> AsyncIterator[asyncio.Task[Any]]:
+async def embedded_operator(
+    api: ApiServer, error_backoffs: tuple[float, ...] | None = None
+) -> AsyncIterator[asyncio.Task[Any]]:
     """One operator process's worth of kopf against `api` (stopped gracefully at the end,
-    unless the test cancels the task itself: a crash)."""
+    unless the test cancels the task itself: a crash). `error_backoffs`: kopf's own retries
+    of a failing API call (default: kopf's, about a minute in all)."""
     url = str(api.url).rstrip("/")
     registry = kopf.OperatorRegistry()
 
@@ -98,6 +101,12 @@ async def embedded_operator(api: ApiServer) -> AsyncIterator[asyncio.Task[Any]]:
         return kopf.ConnectionInfo(server=url)
 
     register(registry, OperatorConfig(resync_seconds=0.5), login=login)
+    if error_backoffs is not None:
+
+        @kopf.on.startup(registry=registry)
+        def short_retries(settings: kopf.OperatorSettings, **_: Any) -> None:
+            settings.networking.error_backoffs = error_backoffs
+
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(
         kopf.operator(

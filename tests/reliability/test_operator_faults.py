@@ -250,6 +250,7 @@ def test_api_faults_are_retried_with_backoff_status_stays_honest_and_it_converge
 
 
 GONE_WINDOW_S = 2.0
+OUTAGE_S = 3.0  # much longer than kopf's retries in the test (0.05 + 0.1 s)
 
 
 def test_watch_requests_answered_410_gone_list_again_and_it_keeps_reconciling() -> None:
@@ -289,5 +290,42 @@ def test_watch_requests_answered_410_gone_list_again_and_it_keeps_reconciling() 
                 await converged(k8s, isvc["metadata"]["uid"])
                 assert not running.done()
             print(f"watch 410 Gone: {answered}, then converged")
+
+    asyncio.run(scenario())
+
+
+def test_watches_failing_past_kopfs_retries_are_retried_and_it_keeps_reconciling() -> None:
+    """Every watch request answered 503 for longer than kopf's own retries: kopf gives up on
+    the watch, and the operator must back off, list again and go on (before: it ended)."""
+    outage = asyncio.Event()
+    answered = {"watch 503": 0}
+
+    def fault(request: rendering.Request) -> Any:
+        if outage.is_set() and request.action == enums.action.WATCH:
+            answered["watch 503"] += 1
+            return error(503, "ServiceUnavailable")
+        return None
+
+    async def scenario() -> None:
+        async with FaultyApiServer(fault=fault) as api, kmock.Server(api):
+            api.declare_resources()
+            k8s = Cluster(api)
+            async with embedded_operator(api, error_backoffs=(0.05, 0.1)) as running:
+                outage.set()
+                await asyncio.sleep(OUTAGE_S / 2)  # every watcher has given up by now
+                isvc = await k8s.create("chat", SMOLLM_CPU)
+
+                async def reconciled() -> bool:
+                    assert not running.done(), "the operator ended on an API outage"
+                    return set(await all_children(k8s)) == set(CHILDREN)
+
+                await eventually(reconciled, "children made while every watch is 503", 30)
+                await asyncio.sleep(OUTAGE_S / 2)
+                assert not running.done(), "the operator ended on an API outage"
+                assert answered["watch 503"] >= 3 * len(KINDS), answered
+                outage.clear()
+                await converged(k8s, isvc["metadata"]["uid"])
+                assert not running.done()
+            print(f"watch outage: {answered}, then converged")
 
     asyncio.run(scenario())
