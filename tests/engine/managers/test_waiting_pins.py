@@ -2,7 +2,8 @@
 node the match ends in (no split, hit or access time), is bounded by the cap and by the room
 the admitted batch leaves, follows a match that grows, and is released on admission, abort,
 when the engine is idle and cannot admit, and before a decode would retract. Step by step on
-a RadixCache, then in-process on a tiny random-weight Llama (the pool invariant after each)."""
+a RadixCache, then in-process on a tiny random-weight Llama (the pool invariant after each),
+with `--waiting-prefix-pin-fraction 0.5` (off by default: cap 0 pins nothing)."""
 
 from __future__ import annotations
 
@@ -111,6 +112,7 @@ def engine(tmp_path: Any) -> Iterator[Any]:
     core = EngineCore(
         model_path=str(tmp_path), dtype="float32", max_total_tokens=256,
         schedule_policy="fcfs", max_running_requests=1, disable_overlap_schedule=True,
+        waiting_prefix_pin_fraction=0.5,
     )  # fmt: skip
     yield core
     core.shutdown()
@@ -198,3 +200,34 @@ def test_an_aborted_waiting_request_drops_its_pin(engine: Any) -> None:
     assert len(sched.pins) == 0 and sched.pins.pinned_tokens == 0
     run(engine, [])
     sched.check_memory_invariant()
+
+
+def test_pins_are_off_by_default(tmp_path: Any) -> None:
+    from radixserve.engine import EngineCore
+
+    save_tiny("llama", tmp_path, seed=3)
+    core = EngineCore(
+        model_path=str(tmp_path), dtype="float32", max_total_tokens=256,
+        schedule_policy="fcfs", max_running_requests=1, disable_overlap_schedule=True,
+    )  # fmt: skip
+    try:
+        sched = core.scheduler
+        run(core, [make_req(P, "first", max_new=2)])
+        sched.add_request(make_req(R, "runner"))
+        sched.step()
+        warm = make_req([*P, 5, 6], "warm")
+        sched.add_request(warm)
+        sched.step()
+        assert warm in sched.waiting_queue and len(sched.pins) == 0
+        assert sched.pins.cap_tokens == 0 and sched.tree_cache.protected_size() < len(P)
+        run(core, [])
+        sched.check_memory_invariant()
+    finally:
+        core.shutdown()
+
+
+def test_the_pin_fraction_is_checked_by_name() -> None:
+    from radixserve.engine.configs.server_args import ServerArgs
+
+    with pytest.raises(ValueError, match="waiting_prefix_pin_fraction"):
+        ServerArgs(model_path="x", waiting_prefix_pin_fraction=1.5)

@@ -52,6 +52,9 @@ class ServerArgs:
     max_queued_requests: int | None = None
     disable_radix_cache: bool = False
     radix_eviction_policy: str = "lru"
+    # Pin the cached prefix of waiting requests, up to this fraction of the pool (0: off;
+    # measured within the run-to-run noise under eviction, docs/benchmarks.md)
+    waiting_prefix_pin_fraction: float = 0.0
     disable_overlap_schedule: bool | None = None  # None: off on CPU, where it costs
     # Record radix-tree events; only the scheduler process's publisher (--kv-events-port) drains
     # them, so enabling them without a port is refused (they would grow without bound).
@@ -137,6 +140,11 @@ class ServerArgs:
             self.max_queued_requests is None or self.max_queued_requests >= 1,
             "max_queued_requests",
             f"must be ≥ 1, got {self.max_queued_requests}",
+        )
+        _check(
+            0.0 <= self.waiting_prefix_pin_fraction <= 1.0,
+            "waiting_prefix_pin_fraction",
+            f"must be in [0, 1], got {self.waiting_prefix_pin_fraction}",
         )
         _check(
             self.radix_eviction_policy in EVICTION_POLICIES,

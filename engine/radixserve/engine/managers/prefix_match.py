@@ -7,9 +7,10 @@ A memo never outlives the step that built it: the next step may see another tree
 
 `WaitingPins` locks the cached prefix of requests that stay waiting after a round, so the
 allocations of requests admitted ahead of them (and decode steps) do not evict what they are
-about to reuse. Bounded: the pinned matches sum to at most a fraction of the pool, a pin never
-takes what the batch just admitted needs, and the scheduler drops every pin before a decode
-would retract and when an idle engine could admit nothing (so pins never stall it).
+about to reuse. Bounded: the pinned matches sum to at most `--waiting-prefix-pin-fraction`
+of the pool (default 0: off), a pin never takes what the batch just admitted needs, and the
+scheduler drops every pin before a decode would retract and when an idle engine could admit
+nothing (so pins never stall it).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any
 from radixserve.engine.managers.req import Req
 from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache, PrefixPeek
 
-WAITING_PIN_FRACTION = 0.5  # of the pool: the most the pins of waiting requests may hold
 MAX_PIN_CANDIDATES = 64  # waiting requests peeked for a pin per round, in priority order
 
 

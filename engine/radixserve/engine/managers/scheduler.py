@@ -21,11 +21,7 @@ from radixserve.engine.managers.dp_attention_sync import DpAttentionSync
 from radixserve.engine.managers.finish_reason import FinishAbort
 from radixserve.engine.managers.overlap import ForwardWorker, FutureMap, InflightBatch
 from radixserve.engine.managers.prefill_adder import AddReqResult, PrefillAdder, PrefillBudget
-from radixserve.engine.managers.prefix_match import (
-    WAITING_PIN_FRACTION,
-    StepPrefixMatches,
-    WaitingPins,
-)
+from radixserve.engine.managers.prefix_match import StepPrefixMatches, WaitingPins
 from radixserve.engine.managers.req import Req, TailDecoder
 from radixserve.engine.managers.retraction import NewTokenRatio, retract_decode
 from radixserve.engine.managers.schedule_batch import KVContext, ScheduleBatch
@@ -62,7 +58,8 @@ class Scheduler:
         self.chunked_req: Req | None = None
         self.ratio = NewTokenRatio.create(conservativeness=args.schedule_conservativeness)
         self.policy = SchedulePolicy(args.schedule_policy, tree_cache, args.random_seed)
-        self.pins = WaitingPins(tree_cache, int(self.max_total_tokens * WAITING_PIN_FRACTION))
+        pin_cap = int(self.max_total_tokens * args.waiting_prefix_pin_fraction)
+        self.pins = WaitingPins(tree_cache, pin_cap)
         self.sampler = Sampler()
         self.total_retractions = 0
         self.inflight: deque[InflightBatch] = deque()
