@@ -224,10 +224,13 @@ ROUTING_BODIES: list[tuple[str, dict[str, Any]]] = [
     ("/generate", {"text": "both", "input_ids": [1]}),
     ("/generate", {}),
     ("/generate", {"text": [5]}),
+    ("/generate", {"text": ["0", ""]}),  # found by the fuzz test below: the batch is a 400
+    ("/generate", {"input_ids": [[8, 9], []]}),
     ("/v1/completions", {"prompt": "a completion"}),
     ("/v1/completions", {"prompt": ["one", "two"]}),
     ("/v1/completions", {"prompt": [11, 12, 13]}),
     ("/v1/completions", {"prompt": [[14, 15], [16]]}),
+    ("/v1/completions", {"prompt": ["one", ""]}),
     ("/v1/completions", {"prompt": []}),
     ("/v1/completions", {"prompt": [[]]}),
     ("/v1/completions", {"prompt": ["mixed", 1]}),

@@ -200,12 +200,22 @@ class RouterTokenizer:
         if isinstance(text, str):
             return self.encode_prompt(text)
         if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
-            return self.encode_prompt(text[0])
+            return self._first_text(text)
         if isinstance(ids, list) and _is_ids(ids):  # a bool is no token id (the engine refuses it)
             return list(ids)
         if isinstance(ids, list) and ids and all(_is_ids(x) for x in ids):
-            return list(ids[0])
+            return self._first_ids(ids)
         return None
+
+    # A batch routes by its first prompt, but only when the engine would take the whole batch:
+    # one empty prompt (or ids outside the vocabulary) anywhere is its 400 for all of them.
+    def _first_text(self, texts: list[str]) -> list[int] | None:
+        return self.encode_prompt(texts[0]) if all(texts) else None
+
+    def _first_ids(self, batch: list[list[int]]) -> list[int] | None:
+        vocab = self.backend.get_vocab_size(with_added_tokens=True)
+        usable = all(x and all(0 <= t < vocab for t in x) for x in batch)
+        return list(batch[0]) if usable else None
 
     def _completion_tokens(self, prompt: Any) -> list[int] | None:
         if isinstance(prompt, str):
@@ -213,11 +223,11 @@ class RouterTokenizer:
         if not isinstance(prompt, list) or not prompt:
             return None
         if all(isinstance(p, str) for p in prompt):
-            return self.encode_prompt(prompt[0])
+            return self._first_text(prompt)
         if all(_is_id(t) for t in prompt):
             return list(prompt)
         if all(_is_ids(p) for p in prompt):
-            return list(prompt[0])
+            return self._first_ids(prompt)
         return None
 
 
