@@ -203,13 +203,17 @@ def engine_routing_ids(side: EngineSide, path: str, body: dict[str, Any]) -> lis
     """The ids of the first prompt the engine itself derives from the body (None: refused)."""
     from radixserve.engine.entrypoints.http_server import generate_inputs
     from radixserve.engine.entrypoints.openai_protocol import prompt_list
+    from radixserve.engine.entrypoints.request_builder import check_prompt
 
     try:
         if path == "/generate":
             inputs, _ = generate_inputs(side, body)  # type: ignore[arg-type]
             return list(inputs[0].input_ids) if inputs else None
         if path == "/v1/completions":
-            return prompt_list(body.get("prompt"), side.tokenizer_manager.tokenize)[0][1]
+            prompts = prompt_list(body.get("prompt"), side.tokenizer_manager.tokenize)
+            for prompt in prompts:  # the route's per-prompt checks (empty, too long)
+                check_prompt(prompt.input_ids, 1, side.limits)
+            return prompts[0][1]
     except ValueError:
         return None
     ids = engine_chat_ids(side, body.get("messages"), body.get("chat_template_kwargs"))
