@@ -26,6 +26,20 @@ namespace {
 
 using namespace radixserve_cpu;
 
+// One query head's scores in place: exp(x − max), in float32. Returns 1 / their sum.
+inline float exp_shifted(float* sg, int64_t len) {
+  float m = sg[0];
+  for (int64_t j = 1; j < len; ++j) m = sg[j] > m ? sg[j] : m;
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < len; ++j) {
+    const float e = std::exp(sg[j] - m);
+    sg[j] = e;
+    sum += e;
+  }
+  return 1.f / sum;
+}
+
 struct Shape {
   int64_t nrows, hq, hkv, d;
   int64_t q_stride;     // elements between query rows
@@ -72,17 +86,7 @@ void attend_one(const T* q, const T* k, const T* v, const int64_t* slots, int64_
     inv = inv_storage.data();
   }
   for (int64_t g = 0; g < groups; ++g) {
-    float* sg = scores + g * len;
-    float m = sg[0];
-    for (int64_t j = 1; j < len; ++j) m = sg[j] > m ? sg[j] : m;
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < len; ++j) {
-      const float e = std::exp(sg[j] - m);
-      sg[j] = e;
-      sum += e;
-    }
-    inv[g] = 1.f / sum;
+    inv[g] = exp_shifted(scores + g * len, len);
   }
   // Weighted sum of the value rows.
   std::memset(acc, 0, sizeof(float) * groups * d);
@@ -179,17 +183,7 @@ void attend_one_avx512(const T* q, const T* k, const T* v, const int64_t* slots,
   }
   float inv[G];
   for (int g = 0; g < G; ++g) {
-    float* sg = scores + g * len;
-    float m = sg[0];
-    for (int64_t j = 1; j < len; ++j) m = sg[j] > m ? sg[j] : m;
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < len; ++j) {
-      const float e = std::exp(sg[j] - m);
-      sg[j] = e;
-      sum += e;
-    }
-    inv[g] = 1.f / sum;
+    inv[g] = exp_shifted(scores + g * len, len);
   }
   __m512 acc[G][NC];
   for (int g = 0; g < G; ++g)
