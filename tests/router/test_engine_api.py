@@ -29,7 +29,12 @@ from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from radixserve.router.config import RouterConfig
-from radixserve.router.engine_api import split_engine_api, vllm_block_size, vllm_loads
+from radixserve.router.engine_api import (
+    parse_pool_sizes,
+    split_engine_api,
+    vllm_block_size,
+    vllm_loads,
+)
 from radixserve.router.mirror.index import CacheIndex
 from radixserve.router.workers import WorkerRegistry
 from tests.router.mirror.replica import Replica, until
@@ -197,3 +202,16 @@ def test_admin_post_takes_an_engine_prefixed_url_like_the_command_line(vllm: Vll
         await replica.close()
 
     asyncio.run(scenario())
+
+
+def test_pool_sizes_from_server_info_per_dp_rank() -> None:
+    """radixserve's `/server_info` lists every rank's pool; SGLang's gives one number."""
+    ranks = {"dp_size": 2, "max_total_num_tokens": 4096,
+             "dp_ranks": [{"dp_rank": 0, "max_total_num_tokens": 4096},
+                          {"dp_rank": 1, "max_total_num_tokens": 2048}]}  # fmt: skip
+    assert parse_pool_sizes(ranks) == (4096, 2048)
+    assert parse_pool_sizes({"dp_size": 2, "max_total_num_tokens": 8192}) == (8192, 8192)
+    assert parse_pool_sizes({"max_total_num_tokens": 8192}) == (8192,)
+    for unknown in ({}, {"max_total_num_tokens": None}, {"max_total_num_tokens": "8k"},
+                    {"max_total_num_tokens": 0}, {"dp_ranks": [{"dp_rank": 0}]}):  # fmt: skip
+        assert parse_pool_sizes(unknown) == (), unknown

@@ -183,3 +183,100 @@ def test_cache_aware_ties_in_load_go_where_least_is_cached() -> None:
     assert p.select(RouteRequest(600), [full, empty]).key[0] == "http://empty"
     busy_empty = TargetView(("http://busy", 0), 1, 0, 0, 0, 0)
     assert p.select(RouteRequest(600), [full, busy_empty]).key[0] == "http://full"
+
+
+POOL = 2048  # tokens per replica: holds about three 630-token prefixes with their questions
+
+
+def pool_view(
+    name: str, demand: int = 0, load: int = 0, held: int = 0, pool: int = POOL, queued: int = 0
+) -> TargetView:
+    """`demand`: distinct tokens routed there lately; `held`: what its mirror holds."""
+    return TargetView((f"http://{name}", 0), load, queued, 0, 0, held, pool, demand)
+
+
+@pytest.mark.parametrize(
+    ("targets", "want", "why"),
+    [
+        # pools that hold every prefix: nothing is displaced anywhere, the least loaded wins
+        ([pool_view("a", 1400, load=2), pool_view("b", 1300, load=1)], "b", "both fit"),
+        # b is busier but the prompt fits there; on a it pushes out part of a cached prefix
+        ([pool_view("a", 1400), pool_view("b", 700, load=1)], "b", "room beats load"),
+        # a is asked to hold four prompts, b and c three, each pool holds about three
+        (
+            [pool_view("a", 2800), pool_view("b", 2100, load=1), pool_view("c", 2100, load=2)],
+            "b",
+            "equally oversubscribed: least loaded",
+        ),
+        # load in queued prefill tokens breaks the tie, as in the rest of the policy
+        ([pool_view("a", 2100, 1, queued=700), pool_view("b", 2100, 1)], "b", "queued tokens"),
+        # the mirror holds more than was routed (other clients' traffic): it counts too
+        ([pool_view("a", 700, held=2048), pool_view("b", 1300, load=1)], "b", "mirror counts"),
+        # a mirror larger than the pool (an approximate tree) counts as a full pool, no more
+        ([pool_view("a", held=10**6), pool_view("b", 2048, load=1)], "a", "held capped at pool"),
+        ([pool_view("a", 2048), pool_view("b", 2048, held=2000)], "a", "full: then less held"),
+        # the engine did not say its pool size: the least loaded, as without this rule
+        ([pool_view("a", 2800, pool=0), pool_view("b", 700, load=1, pool=0)], "a", "unknown"),
+    ],
+)
+def test_cache_aware_miss_goes_where_it_displaces_least(
+    targets: list[TargetView], want: str, why: str
+) -> None:
+    assert CacheAwarePolicy().select(RouteRequest(700), targets).key[0] == f"http://{want}", why
+
+
+def test_cache_aware_displacement_is_counted_in_prompts() -> None:
+    d = CacheAwarePolicy.displaced
+    assert d(RouteRequest(700), pool_view("x", 1348)) == 0  # 1348 + 700 = 2048 fits exactly
+    assert d(RouteRequest(700), pool_view("x", 1349)) == 1
+    assert d(RouteRequest(700), pool_view("x", 2048)) == 1
+    assert d(RouteRequest(700), pool_view("x", 2100)) == 2  # 752 over: two prompts' worth
+    assert d(RouteRequest(700), pool_view("x", 2800)) == 3
+    assert d(RouteRequest(0), pool_view("x", 4096)) == 0  # untokenized: no estimate
+
+
+def test_cache_aware_room_never_overrides_a_hit_or_the_balance_rule() -> None:
+    p = CacheAwarePolicy()
+    hit = TargetView(("http://hit", 0), 1, 0, 600, 0, 2048, POOL, 4096)
+    assert p.select(RouteRequest(700), [hit, pool_view("room")]).key[0] == "http://hit"
+    # imbalanced (100 vs 10 requests): the least loaded even though its pool is oversubscribed
+    crowded = [pool_view("room", load=100), pool_view("full", 4096, load=10)]
+    assert p.select(RouteRequest(700), crowded).key[0] == "http://full"
+
+
+def _place_cold_tenants(policy: CacheAwarePolicy, pool: int) -> list[int]:
+    """Nine tenants' first requests (700-token prompts) onto three replicas, one at a time, with
+    the timing the decision log showed: the replica that has been given the most tenants has
+    just gone idle (its requests finished first), the others still prefill one cold prompt
+    each; every prompt routed to a replica counts in its demand, its mirror holds the finished
+    ones (at most its pool)."""
+    prompt, tenants = 700, [0, 0, 0]
+    for _ in range(9):
+        most = max(range(3), key=lambda i: tenants[i])
+        views = []
+        for i in range(3):
+            busy = i != most and tenants[i] > 0
+            held = min(pool, prompt * (tenants[i] - busy)) if pool else 0
+            views.append(
+                TargetView(
+                    (f"http://r{i}", 0),
+                    int(busy),
+                    prompt * busy,
+                    0,
+                    0,
+                    held,
+                    pool,
+                    prompt * tenants[i] if pool else 0,
+                )  # fmt: skip
+            )
+        chosen = policy.select(RouteRequest(prompt), views)
+        tenants[int(chosen.key[0][-1])] += 1
+    return tenants
+
+
+def test_cache_aware_spreads_new_tenants_over_pools_like_pinned() -> None:
+    """`pinned` puts 3/3/3 tenants on pools that hold three prefixes each; the miss rule does
+    too, whichever replica is momentarily idle. Without the pool size (least loaded, the rule
+    before) the idle replica collects them."""
+    assert sorted(_place_cold_tenants(CacheAwarePolicy(), POOL)) == [3, 3, 3]
+    assert max(_place_cold_tenants(CacheAwarePolicy(), 0)) > 3

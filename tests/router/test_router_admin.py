@@ -98,6 +98,12 @@ def test_a_worker_added_at_run_time_gets_traffic_until_removed(engines: list[Eng
         assert resp.status_code == 201, resp.text
         assert resp.json()["url"] == b.url and resp.json()["healthy"] is True
         assert listed(router) == {a.url: True, b.url: True}
+        # each worker's KV pool, per DP rank, is what the engine's /server_info says
+        workers = httpx.get(router.url + "/workers", headers=AUTH, timeout=10).json()["workers"]
+        for w in workers:
+            info = httpx.get(w["url"] + "/server_info", timeout=10).json()
+            pools = [r["max_total_num_tokens"] for r in info["dp_ranks"]]
+            assert w["max_total_tokens"] == pools and pools[0] > 0, w
 
         b_before = engine_finished(b)
         assert send(router, 6, seed=1) == {a.url: 3, b.url: 3}  # round-robin over both

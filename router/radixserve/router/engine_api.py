@@ -40,6 +40,8 @@ class EngineInfo:
     page_size: int
     dp_size: int
     kv_endpoints: tuple[KVEndpoint, ...]
+    # KV pool size in tokens per DP rank (`max_total_num_tokens`); () when the engine says not
+    max_total_tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,22 @@ def parse_kv_endpoints(info: dict[str, Any]) -> tuple[KVEndpoint, ...]:
             )
         )
     return tuple(out)
+
+
+def parse_pool_sizes(info: dict[str, Any]) -> tuple[int, ...]:
+    """KV pool size per DP rank from `/server_info`: radixserve's `dp_ranks[].max_total_num_tokens`,
+    else SGLang's `max_total_num_tokens` for every rank; () when missing or not a positive int."""
+    ranks = info.get("dp_ranks")
+    sizes = (
+        [r.get("max_total_num_tokens") for r in ranks if isinstance(r, dict)]
+        if isinstance(ranks, list)
+        else []
+    )
+    if not sizes:
+        dp = max(1, int(info.get("dp_size") or 1))
+        sizes = [info.get("max_total_num_tokens")] * dp
+    pools = tuple(n for n in sizes if isinstance(n, int) and not isinstance(n, bool) and n > 0)
+    return pools if len(pools) == len(sizes) else ()
 
 
 def parse_vllm_sources(sources: Any) -> tuple[KVEndpoint, ...]:
@@ -139,6 +157,7 @@ async def _probe_sglang(get: Get, info: Any) -> EngineInfo:
         int(info.get("page_size") or 1),
         max(1, int(info.get("dp_size") or 1)),
         parse_kv_endpoints(info),
+        parse_pool_sizes(info),
     )
 
 

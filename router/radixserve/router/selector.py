@@ -67,11 +67,19 @@ class Selector:
         cached = self.index.match_both(tokens, keys) if tokens and self.policy.uses_cache else {}
         out = []
         for url, rank in keys:
-            load = self.registry.workers[url].load_of(rank)
+            worker = self.registry.workers[url]
+            load = worker.load_of(rank)
             hit = cached.get((url, rank), NO_MATCH)
             size = self.index.size_of((url, rank))
             view = TargetView(
-                (url, rank), load.load, load.in_flight_tokens, hit.cached, hit.inflight, size
+                (url, rank),
+                load.load,
+                load.in_flight_tokens,
+                hit.cached,
+                hit.inflight,
+                size,
+                worker.capacity_of(rank),
+                self.index.working_set_of((url, rank)),
             )
             out.append(view)
         return out
@@ -123,11 +131,12 @@ def _log_decision(
     tokens: Sequence[int] | None, chosen: TargetView, views: list[TargetView]
 ) -> None:
     """One DEBUG line per decision: which target, and what every target offered (cached,
-    arriving, load, mirror size); `head` names the prompt's first 32 tokens (a tenant)."""
+    arriving, load, queued tokens, mirror size, recent working set); `head` names the
+    prompt's first 32 tokens (a tenant)."""
     head = hash(tuple(tokens[:32])) & 0xFFFFFF if tokens else 0
     offered = " ".join(
         f"{v.key[0]}#{v.key[1]}:c{v.cached_tokens}:i{v.inflight_tokens}:l{v.load}"
-        f":q{v.queued_tokens}:s{v.cache_size_tokens}"
+        f":q{v.queued_tokens}:s{v.cache_size_tokens}:w{v.working_set_tokens}"
         for v in views
     )
     logger.debug(

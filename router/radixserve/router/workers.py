@@ -63,6 +63,7 @@ class Worker:
     page_size: int = 1
     dp_size: int = 1
     kv_endpoints: tuple[KVEndpoint, ...] = ()
+    max_total_tokens: tuple[int, ...] = ()  # KV pool per DP rank, () when the engine says not
     loads: dict[int, TargetLoad] = field(default_factory=dict)
     health_successes: int = 0
     health_failures: int = 0
@@ -74,6 +75,11 @@ class Worker:
 
     def available(self) -> bool:
         return self.healthy and self.breaker.allows()
+
+    def capacity_of(self, rank: int) -> int:
+        """The rank's KV pool in tokens; 0 when unknown."""
+        sizes = self.max_total_tokens
+        return sizes[rank] if 0 <= rank < len(sizes) else 0
 
     def load_of(self, rank: int) -> TargetLoad:
         return self.loads.setdefault(rank, TargetLoad())
@@ -92,6 +98,7 @@ class Worker:
             "dp_size": self.dp_size,
             "engine_api": self.engine_api,
             "kv_events": [e.endpoint for e in self.kv_endpoints],
+            "max_total_tokens": list(self.max_total_tokens),
             "load": {rank: vars(load) for rank, load in sorted(self.loads.items())},
         }
 
@@ -157,6 +164,7 @@ class WorkerRegistry:
         worker.page_size, worker.dp_size, worker.model_name = (
             info.page_size, info.dp_size, info.model_name
         )  # fmt: skip
+        worker.max_total_tokens = info.max_total_tokens
         found = info.kv_endpoints
         worker.kv_endpoints = worker.kv_override if worker.kv_override is not None else found
 
@@ -202,7 +210,9 @@ class WorkerRegistry:
                 return
             by_rank = {e.dp_rank: e for e in worker.kv_endpoints}
             for key in worker.targets():
-                self.index.add_target(key, worker.page_size, by_rank.get(key[1]))
+                self.index.add_target(
+                    key, worker.page_size, by_rank.get(key[1]), worker.capacity_of(key[1])
+                )
             # Route only once the mirrors hold what the replica caches now (a router that
             # restarts beside warm replicas); bounded, as a replay that never answers is one.
             wait = self.index.replay_timeout_s + 1

@@ -138,3 +138,38 @@ def test_bad_arguments_name_the_field() -> None:
             CacheIndex(approx_max_tokens=-1)
 
     run(scenario)
+
+
+def _distinct_tokens(prompts: list[list[int]]) -> int:
+    """Oracle: the number of distinct prefixes (= trie nodes) over the prompts."""
+    return len({tuple(p[: i + 1]) for p in prompts for i in range(len(p))})
+
+
+def test_working_set_counts_distinct_routed_tokens_up_to_twice_the_pool() -> None:
+    async def scenario() -> None:
+        index = CacheIndex()
+        events, approx, unknown = (("http://127.0.0.1:1", r) for r in (0, 1, 2))
+        index.add_target(events, 1, KVEndpoint(0, "tcp://127.0.0.1:1"), pool_tokens=1000)
+        index.add_target(approx, 1, pool_tokens=1000)
+        index.add_target(unknown, 1)
+        with pytest.raises(ValueError, match="pool_tokens"):
+            index.add_target(("http://127.0.0.1:9", 0), 1, pool_tokens=-1)
+        rng = random.Random(5)
+        tenant = [rng.randrange(30_000) for _ in range(300)]
+        prompts = [tenant + [rng.randrange(30_000) for _ in range(40)] for _ in range(3)]
+        for key in (events, approx, unknown):
+            for p in prompts:
+                index.on_routed(key, p)
+        # a tenant's prefix counts once, each question apart (in flight or finished alike)
+        assert index.working_set_of(events) == _distinct_tokens(prompts) == 420
+        assert index.working_set_of(approx) == 420
+        assert index.working_set_of(unknown) == 0  # no pool size: no working set kept
+        # bounded at twice the pool; the newest prompts are what it keeps
+        others = [[rng.randrange(30_000) for _ in range(500)] for _ in range(5)]
+        for p in others:
+            index.on_routed(events, p)
+        assert index.working_set_of(events) == 2000
+        assert index.match(others[-1], [approx])[approx] == 0  # targets do not share it
+        await index.aclose()
+
+    run(scenario)

@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_APPROX_MAX_TOKENS = 1 << 22
 FALLBACK_MAX_TOKENS = 1 << 20  # an events target's routed prompts, for when its stream is lost
+RECENT_POOLS = 2  # the recent working set is kept up to this many times the target's KV pool
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class _Target:
     overlay: InflightOverlay | None = None
     # events targets: the prompts routed there, matched while the event stream is lost
     fallback: ApproxTree | None = None
+    # the prompts routed there most recently, up to RECENT_POOLS × its KV pool (pool known)
+    recent: ApproxTree | None = None
 
     def matching_tree(self) -> MirrorTree | ApproxTree:
         """The exact mirror, or the approximate view while the target's stream is lost."""
@@ -119,11 +122,17 @@ class CacheIndex:
 
     # ---- targets ------------------------------------------------------------------------------
 
-    def add_target(self, key: TargetKey, page_size: int, kv: KVEndpoint | None = None) -> None:
+    def add_target(
+        self, key: TargetKey, page_size: int, kv: KVEndpoint | None = None, pool_tokens: int = 0
+    ) -> None:
         """Follow a target: by its KV events when `kv` is given, else approximately. Adding the
-        same target again with the same settings does nothing; with others is an error."""
+        same target again with the same settings does nothing; with others is an error.
+        `pool_tokens` (its KV pool, 0: unknown) sizes the recent working set it keeps."""
         if not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"page_size: must be an integer ≥ 1, got {page_size!r}")
+        if not isinstance(pool_tokens, int) or pool_tokens < 0:
+            raise ValueError(f"pool_tokens: must be an integer ≥ 0, got {pool_tokens!r}")
+        recent = ApproxTree(RECENT_POOLS * pool_tokens) if pool_tokens else None
         if kv is not None:
             kv = _dialable(kv, key[0])
         known = self._targets.get(key)
@@ -132,7 +141,8 @@ class CacheIndex:
                 raise ValueError(f"key: target {key} is already followed; remove it first")
             return
         if kv is None:
-            self._targets[key] = _Target(page_size, None, ApproxTree(self.approx_max_tokens), None)
+            approx = ApproxTree(self.approx_max_tokens)
+            self._targets[key] = _Target(page_size, None, approx, None, recent=recent)
             return
         tree = MirrorTree(page_size, self.max_orphans)
         overlay = InflightOverlay(page_size, self.overlay_limits)
@@ -146,7 +156,7 @@ class CacheIndex:
             name=name,
         )
         fallback = ApproxTree(min(self.approx_max_tokens, FALLBACK_MAX_TOKENS))
-        self._targets[key] = _Target(page_size, kv, tree, subscriber, overlay, fallback)
+        self._targets[key] = _Target(page_size, kv, tree, subscriber, overlay, fallback, recent)
         if self._started:
             subscriber.start()
 
@@ -221,6 +231,8 @@ class CacheIndex:
         target = self._targets.get(key)
         if target is None:
             return None
+        if target.recent is not None:
+            target.recent.insert(tokens)
         if isinstance(target.tree, ApproxTree):
             target.tree.insert(tokens)
             return None
@@ -239,6 +251,13 @@ class CacheIndex:
         """Tokens the target's tree holds (0 for a target not followed)."""
         target = self._targets.get(key)
         return target.tree.num_tokens if target is not None else 0
+
+    def working_set_of(self, key: TargetKey) -> int:
+        """Distinct tokens of the prompts routed to the target lately (the newest up to
+        RECENT_POOLS × its KV pool): what it is asked to hold, in flight or not, cached or
+        already evicted; 0 when its pool size is unknown."""
+        target = self._targets.get(key)
+        return target.recent.num_tokens if target is not None and target.recent else 0
 
     def overlay_of(self, key: TargetKey) -> InflightOverlay | None:
         """The target's in-flight overlay (None: approx or unknown target); for tests/metrics."""

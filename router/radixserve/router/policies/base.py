@@ -21,6 +21,8 @@ class TargetView:
     cached_tokens: int = 0  # this request's cached prefix on the target, in tokens
     inflight_tokens: int = 0  # its prefix among prompts routed there, not yet cached (overlay)
     cache_size_tokens: int = 0  # everything the target's mirror holds, in tokens
+    capacity_tokens: int = 0  # the target's KV pool (engine's max_total_num_tokens); 0: unknown
+    working_set_tokens: int = 0  # distinct tokens of the prompts routed there lately
 
     @property
     def expected_tokens(self) -> int:

@@ -10,9 +10,17 @@ more than a short warm one (what the `cost` policy measures directly).
 2. Otherwise take the target with the longest expected prefix (cached by its mirror, or
    arriving with a request routed there and still in flight); if that prefix covers more than
    `cache_threshold` of the prompt, route there (ties → lower load).
-3. Else route to the least-loaded target: a miss anywhere should land where it waits least;
-   among equally loaded ones, where the least is cached (a new prefix displaces least there,
-   and a burst of tenants spreads over every replica instead of the first ones).
+3. Else (a miss everywhere: a new prefix, or one evicted everywhere) route where the prompt
+   displaces least: the fewest prompts' worth of tokens pushed out of the pool,
+   ⌈max(0, demand + prompt − pool) ÷ prompt⌉, where `pool` is the engine's KV pool
+   (`max_total_num_tokens`) and `demand` what the target is asked to hold: the distinct
+   tokens of the prompts routed there lately (up to twice its pool; in flight or not) or its
+   mirror, whichever is larger. Ties (the prompt fits everywhere, as in pools that hold every
+   prefix; or equally oversubscribed pools) and an unknown pool size go to the least-loaded
+   target, then to the one holding the least. Load alone puts a new tenant wherever a request
+   just finished, so one pool can end up cycling more prefixes than it holds while another has
+   room; this rule spreads tenants by what each pool can hold, as `pinned` does, without
+   knowing tenants.
 
 Unlike sgl-router, the match rate comes from the mirrored radix trees (what each engine
 really holds, in tokens) plus the in-flight overlay, not from a character tree of what the
@@ -57,6 +65,25 @@ class CacheAwarePolicy:
         """Smallest load; ties → fewer requests, then less cached, then the first."""
         return min(targets, key=lambda t: (self.load(t), t.load, t.cache_size_tokens))
 
+    @staticmethod
+    def displaced(request: RouteRequest, target: TargetView) -> int:
+        """How many prompts' worth of the pool this miss pushes out there (0: it fits)."""
+        pool, n = target.capacity_tokens, request.num_tokens
+        if pool <= 0 or n <= 0:
+            return 0
+        demand = max(target.working_set_tokens, min(target.cache_size_tokens, pool))
+        over = demand + n - pool
+        return -(-over // n) if over > 0 else 0
+
+    def place_miss(self, request: RouteRequest, targets: Sequence[TargetView]) -> TargetView:
+        """Step 3: least displaced; ties → least loaded, fewer requests, less cached."""
+        return min(
+            targets,
+            key=lambda t: (
+                self.displaced(request, t), self.load(t), t.load, t.cache_size_tokens
+            ),
+        )  # fmt: skip
+
     def select(self, request: RouteRequest, targets: Sequence[TargetView]) -> TargetView:
         if len(targets) == 1:
             return targets[0]
@@ -66,4 +93,4 @@ class CacheAwarePolicy:
         rate = best.expected_tokens / request.num_tokens if request.num_tokens else 0.0
         if rate > self.cache_threshold:
             return best
-        return self.least_loaded(targets)
+        return self.place_miss(request, targets)
