@@ -219,11 +219,18 @@ def test_extends_sharing_a_cached_prefix_match_the_reference(
     ref, got = run_both(fb, layer, dtype, gen)
     torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
 
-    # decode steps over the shared slots (decodes stay per row: a cascade measured no faster
-    # at this size, docs/benchmarks.md), beside row 9 with a history of its own
+    # decode steps over the shared slots, beside row 9 with a history of its own: rows 1-6
+    # share 80 slots, so with AMX the first 64 (two whole blocks) go on tiles for all six
     lens = [p + e for p, e in zip(prefix, ext, strict=True)] + [30]
     for _ in range(2):
         fb = make_batch(pools, ForwardMode.DECODE, [*rows, 9], lens, [1] * 7)
+        backend.init_forward_metadata(fb)
+        decode = backend._metadata(fb).decode
+        assert decode is not None
+        if backend._kernel is not None and backend._kernel.shared_fn is not None:
+            assert decode.shared is not None
+            assert decode.shared.slots.numel() == 64
+            assert decode.shared.members.tolist() == [0, 1, 2, 3, 4, 5]
         ref, got = run_both(fb, layer, dtype, gen)
         torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
         lens = [n + 1 for n in lens]

@@ -21,13 +21,13 @@ The reference backend (`torch_backend.py`) computes the same attention; tests co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from radixserve.engine.attention import shared_prefix
+from radixserve.engine.attention import paged_cpu, shared_prefix
 from radixserve.engine.attention.base import AttentionBackend
 from radixserve.engine.attention.paged_cpu import PagedAttentionKernel
 from radixserve.engine.attention.shared_prefix import PrefixGroup
@@ -48,6 +48,7 @@ class DecodeRows:
     flat_slots: torch.Tensor  # [b · L] int64, slot 0 beyond each seq_len
     max_len: int
     mask: torch.Tensor  # [b, 1, 1, L] bool, True = attend
+    shared: shared_prefix.DecodePrefix | None = None  # rows sharing a prefix (AMX kernel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +134,18 @@ class GroupedAttnBackend(AttentionBackend):
         self._meta: ForwardMetadata | None = None
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
-        self._meta = build_metadata(forward_batch)
+        meta = build_metadata(forward_batch)
+        rows = meta.decode
+        if rows is not None and self._kernel is not None and self._kernel.shared_fn is not None:
+            table = rows.slots if rows.slots.shape[0] == rows.req_index.numel() else None
+            if table is None:  # a MIXED batch: its one-token rows only
+                table = rows.slots.index_select(0, rows.req_index)
+            found = shared_prefix.find_decode_prefix(
+                table, rows.seq_lens.tolist(), paged_cpu.SHARED_BLOCK
+            )
+            if found is not None:
+                meta = replace(meta, decode=replace(rows, shared=found))
+        self._meta = meta
 
     def _decode(
         self,
@@ -146,9 +158,12 @@ class GroupedAttnBackend(AttentionBackend):
         """q [b, Hq·D] (one token per request, rows may be strided) → [b, Hq, D]."""
         q3 = q.unflatten(1, (layer.num_heads, layer.head_dim))
         if self._kernel is not None and PagedAttentionKernel.supports(q3, k_cache, rows.slots):
-            return self._kernel(
-                q3, k_cache, v_cache, rows.slots, rows.req_index, rows.seq_lens, layer.scaling
-            )
+            args = (q3, k_cache, v_cache, rows.slots, rows.req_index, rows.seq_lens, layer.scaling)
+            if rows.shared is not None:
+                out = self._kernel.shared(*args, rows.shared.slots, rows.shared.members)
+                if out is not None:
+                    return out
+            return self._kernel(*args)
         return _grouped_decode(q, k_cache, v_cache, layer, rows)
 
     def _metadata(self, fb: ForwardBatch) -> ForwardMetadata:

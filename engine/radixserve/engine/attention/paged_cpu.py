@@ -5,6 +5,11 @@ decode step no longer gathers each request's whole history per layer. It is buil
 by `radixserve.kernels.cpu.build` (g++ on first use). Without a compiler, or when the build
 fails, `load_paged_kernel` returns None and the grouped backend keeps its pure-PyTorch path
 (which is also the kernel's test oracle, with the reference backend).
+
+Where the CPU has AMX (and the build could use it), the kernel also takes a prefix that many
+decode rows share (a system prompt): `shared` scores all their queries against it at once as
+bf16 matrix products on AMX tiles and adds each row's own keys to that partial result
+(`kernels/cpu/amx_prefix.h`).
 """
 
 from __future__ import annotations
@@ -29,11 +34,19 @@ _ARGTYPES: list[Any] = [
 ]
 
 
+# then the prefix's slots and length, and the member rows and their count
+_SHARED_ARGTYPES: list[Any] = [*_ARGTYPES, *[ctypes.c_void_p, ctypes.c_int64] * 2]
+SHARED_UNSUPPORTED = -2  # the shared-prefix entry's "does not apply here" (the caller falls back)
+SHARED_BLOCK = 32  # the shared prefix goes on AMX tiles in whole blocks of this many keys
+
+
 @dataclass(frozen=True)
 class PagedAttentionKernel:
-    """`radixserve_paged_attention` of the loaded library, with tensor arguments."""
+    """`radixserve_paged_attention` of the loaded library, with tensor arguments; `shared_fn`
+    its shared-prefix entry where this CPU and build run it (AMX), else None."""
 
     fn: Any  # the ctypes function (argtypes/restype set by load_paged_kernel)
+    shared_fn: Any = None
 
     def __call__(  # noqa: PLR0913 - one argument per input of the kernel
         self,
@@ -47,29 +60,41 @@ class PagedAttentionKernel:
     ) -> torch.Tensor:
         """q [N, Hq, D] (rows may be strided), k/v_cache [S, Hkv, D], slots [B, L] int64,
         kv_row/kv_len [N] int64: row r attends slots[kv_row[r], :kv_len[r]] → [N, Hq, D]."""
-        n, hq, d = q.shape
-        out = torch.empty((n, hq, d), dtype=q.dtype)
-        rc = self.fn(
-            DTYPE_CODES[q.dtype],
-            q.data_ptr(),
-            k_cache.data_ptr(),
-            v_cache.data_ptr(),
-            slots.data_ptr(),
-            kv_row.data_ptr(),
-            kv_len.data_ptr(),
-            out.data_ptr(),
-            n,
-            hq,
-            k_cache.shape[1],
-            d,
-            q.stride(0),
-            k_cache.stride(0),
-            slots.stride(0),
-            scale,
-            torch.get_num_threads(),
-        )
+        out = torch.empty(q.shape, dtype=q.dtype)
+        rc = self.fn(*_common_args(q, k_cache, v_cache, slots, kv_row, kv_len, out, scale))
         if rc != 0:
             raise RuntimeError(f"paged attention kernel failed ({rc})")
+        return out
+
+    def shared(  # noqa: PLR0913 - one argument per input of the kernel
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slots: torch.Tensor,
+        kv_row: torch.Tensor,
+        kv_len: torch.Tensor,
+        scale: float,
+        prefix_slots: torch.Tensor,
+        members: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """As `__call__`, where the rows `members` ([n] int64) all start with the slots
+        `prefix_slots` ([P] int64, P a multiple of SHARED_BLOCK): that part goes on AMX tiles
+        for all of them at once. None where the path does not apply (the caller falls back)."""
+        if self.shared_fn is None:
+            return None
+        out = torch.empty(q.shape, dtype=q.dtype)
+        rc = self.shared_fn(
+            *_common_args(q, k_cache, v_cache, slots, kv_row, kv_len, out, scale),
+            prefix_slots.data_ptr(),
+            prefix_slots.numel(),
+            members.data_ptr(),
+            members.numel(),
+        )
+        if rc == SHARED_UNSUPPORTED:
+            return None
+        if rc != 0:
+            raise RuntimeError(f"paged attention kernel (shared prefix) failed ({rc})")
         return out
 
     @staticmethod
@@ -88,6 +113,38 @@ class PagedAttentionKernel:
         )
 
 
+def _common_args(  # noqa: PLR0913 - one argument per input of the kernel
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    kv_row: torch.Tensor,
+    kv_len: torch.Tensor,
+    out: torch.Tensor,
+    scale: float,
+) -> tuple[Any, ...]:
+    n, hq, d = q.shape
+    return (
+        DTYPE_CODES[q.dtype],
+        q.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        slots.data_ptr(),
+        kv_row.data_ptr(),
+        kv_len.data_ptr(),
+        out.data_ptr(),
+        n,
+        hq,
+        k_cache.shape[1],
+        d,
+        q.stride(0),
+        k_cache.stride(0),
+        slots.stride(0),
+        scale,
+        torch.get_num_threads(),
+    )
+
+
 @functools.cache
 def load_paged_kernel() -> PagedAttentionKernel | None:
     """The kernel, built or taken from the cache once per process; None where it can't be."""
@@ -97,4 +154,9 @@ def load_paged_kernel() -> PagedAttentionKernel | None:
     fn = lib.radixserve_paged_attention
     fn.restype = ctypes.c_int
     fn.argtypes = _ARGTYPES
-    return PagedAttentionKernel(fn)
+    shared = None
+    if lib.radixserve_paged_attention_has_shared() == 1:
+        shared = lib.radixserve_paged_attention_shared
+        shared.restype = ctypes.c_int
+        shared.argtypes = _SHARED_ARGTYPES
+    return PagedAttentionKernel(fn, shared)

@@ -13,6 +13,9 @@ FlashInfer's cascade wrappers and SGLang's shared-prefix kernels do the same on 
 grouped backend uses it on CPU tensors when at least MIN_MEMBERS requests of an extend batch
 share at least MIN_PREFIX cached slots; `tests/engine/attention/test_grouped_backend.py`
 compares it with the reference backend.
+
+Decode rows sharing a prefix get the same treatment inside the C++ kernel where the CPU has
+AMX (`find_decode_prefix` picks the rows once per forward; `paged_cpu.py` runs them).
 """
 
 from __future__ import annotations
@@ -54,6 +57,41 @@ def find_groups(
         q_index = torch.cat([torch.arange(q_starts[i], q_starts[i] + extends[i]) for i in members])
         groups.append(PrefixGroup(rows[0, :shared].clone(), tuple(members), q_index))
     return tuple(groups)
+
+
+MIN_DECODE_MEMBERS = 4  # fewer decode rows than this fill too little of a 16-row AMX tile
+
+
+@dataclass(frozen=True, slots=True)
+class DecodePrefix:
+    """Decode rows (indices into the forward's one-token rows) whose keys start with `slots`."""
+
+    slots: torch.Tensor  # [P] int64, P a multiple of the kernel's block
+    members: torch.Tensor  # [n] int64
+
+
+def find_decode_prefix(rows: torch.Tensor, lens: list[int], block: int) -> DecodePrefix | None:
+    """The largest set of decode rows sharing a cached prefix of at least MIN_PREFIX slots, cut
+    to whole `block`s; `rows` [b, L] are the rows' slots, `lens` how many each attends. Once per
+    forward (every layer reuses it). None when fewer than MIN_DECODE_MEMBERS rows share one."""
+    by_head: dict[tuple[int, ...], list[int]] = {}
+    heads = rows[:, :MIN_PREFIX].tolist() if rows.shape[1] >= MIN_PREFIX else []
+    for i, head in enumerate(heads):
+        if lens[i] > MIN_PREFIX:  # the row's own query token is never in the shared part
+            by_head.setdefault(tuple(head), []).append(i)
+    members = max(by_head.values(), key=len, default=[])
+    if len(members) < MIN_DECODE_MEMBERS:
+        return None
+    # A row's last key is its new token (its own slot), so at most lens - 1 can be shared.
+    shortest = min(lens[i] for i in members) - 1
+    index = torch.tensor(members, dtype=torch.int64)
+    picked = rows.index_select(0, index)[:, :shortest]
+    same = (picked == picked[0]).all(dim=0)
+    shared = shortest if bool(same.all()) else int(same.to(torch.int8).argmin())
+    shared -= shared % block
+    if shared < MIN_PREFIX:
+        return None
+    return DecodePrefix(picked[0, :shared].clone(), index)
 
 
 def attend_prefix(

@@ -18,27 +18,15 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 
 #include "scalar.h"
+#include "amx_prefix.h"
 #include <vector>
 
 namespace {
 
 using namespace radixserve_cpu;
-
-// One query head's scores in place: exp(x − max), in float32. Returns 1 / their sum.
-inline float exp_shifted(float* sg, int64_t len) {
-  float m = sg[0];
-  for (int64_t j = 1; j < len; ++j) m = sg[j] > m ? sg[j] : m;
-  float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < len; ++j) {
-    const float e = std::exp(sg[j] - m);
-    sg[j] = e;
-    sum += e;
-  }
-  return 1.f / sum;
-}
 
 struct Shape {
   int64_t nrows, hq, hkv, d;
@@ -46,6 +34,14 @@ struct Shape {
   int64_t kv_stride;    // elements between pool slots (Hkv * D for a contiguous pool)
   int64_t slots_stride; // elements between rows of the slot table
   float scale;
+};
+
+// A (row, KV head)'s partial result over the shared prefix, for its G query heads:
+// maxima m[g] and sums l[g] of the scaled scores, unnormalised p·v in acc[g * D + i].
+struct PrefixState {
+  const float* m;
+  const float* l;
+  const float* acc;
 };
 
 // One (query row, KV head) item: G = Hq / Hkv query heads, keys 0 .. len-1.
@@ -86,7 +82,7 @@ void attend_one(const T* q, const T* k, const T* v, const int64_t* slots, int64_
     inv = inv_storage.data();
   }
   for (int64_t g = 0; g < groups; ++g) {
-    inv[g] = exp_shifted(scores + g * len, len);
+    inv[g] = 1.f / exp_shifted(scores + g * len, len);
   }
   // Weighted sum of the value rows.
   std::memset(acc, 0, sizeof(float) * groups * d);
@@ -146,7 +142,8 @@ inline __m512 hsum16(const __m512* v) {
 
 template <typename T, int G, int NC>
 void attend_one_avx512(const T* q, const T* k, const T* v, const int64_t* slots, int64_t len,
-                       T* out, const Shape& s, int64_t h, float* scores) {
+                       T* out, const Shape& s, int64_t h, float* scores,
+                       const PrefixState* st) {
   constexpr int64_t d = 16 * NC;
   const __m512 scale = _mm512_set1_ps(s.scale);
   __m512 qv[G][NC];
@@ -181,9 +178,9 @@ void attend_one_avx512(const T* q, const T* k, const T* v, const int64_t* slots,
     partial(j, part, 1);
     for (int g = 0; g < G; ++g) scores[g * len + j] = _mm512_reduce_add_ps(part[g]);
   }
-  float inv[G];
+  float sum[G], mx[G];
   for (int g = 0; g < G; ++g) {
-    inv[g] = exp_shifted(scores + g * len, len);
+    sum[g] = len > 0 ? exp_shifted(scores + g * len, len, &mx[g]) : 0.f;
   }
   __m512 acc[G][NC];
   for (int g = 0; g < G; ++g)
@@ -202,23 +199,38 @@ void attend_one_avx512(const T* q, const T* k, const T* v, const int64_t* slots,
     }
   }
   for (int g = 0; g < G; ++g) {
-    const __m512 iv = _mm512_set1_ps(inv[g]);
-    for (int c = 0; c < NC; ++c)
-      store16(out + (h * G + g) * d + 16 * c, _mm512_mul_ps(acc[g][c], iv));
+    T* og = out + (h * G + g) * d;
+    if (st == nullptr) {
+      const __m512 iv = _mm512_set1_ps(1.f / sum[g]);
+      for (int c = 0; c < NC; ++c) store16(og + 16 * c, _mm512_mul_ps(acc[g][c], iv));
+      continue;
+    }
+    // Merge with the shared prefix's partial result by their maxima (online softmax).
+    const float m = len > 0 && mx[g] > st->m[g] ? mx[g] : st->m[g];
+    const float a = std::exp(st->m[g] - m), b = len > 0 ? std::exp(mx[g] - m) : 0.f;
+    const float inv = 1.f / (st->l[g] * a + sum[g] * b);
+    const __m512 va = _mm512_set1_ps(a * inv), vb = _mm512_set1_ps(b * inv);
+    for (int c = 0; c < NC; ++c) {
+      const __m512 pre = _mm512_loadu_ps(st->acc + g * d + 16 * c);
+      store16(og + 16 * c, _mm512_fmadd_ps(pre, va, _mm512_mul_ps(acc[g][c], vb)));
+    }
   }
 }
 
 template <typename T, int NC>
 bool attend_one_fast(int64_t groups, const T* q, const T* k, const T* v, const int64_t* slots,
-                     int64_t len, T* out, const Shape& s, int64_t h, float* scores) {
+                     int64_t len, T* out, const Shape& s, int64_t h, float* scores,
+                     const PrefixState* st = nullptr) {
+#define RS_ONE(G) attend_one_avx512<T, G, NC>(q, k, v, slots, len, out, s, h, scores, st)
   switch (groups) {
-    case 1: attend_one_avx512<T, 1, NC>(q, k, v, slots, len, out, s, h, scores); return true;
-    case 2: attend_one_avx512<T, 2, NC>(q, k, v, slots, len, out, s, h, scores); return true;
-    case 3: attend_one_avx512<T, 3, NC>(q, k, v, slots, len, out, s, h, scores); return true;
-    case 4: attend_one_avx512<T, 4, NC>(q, k, v, slots, len, out, s, h, scores); return true;
-    case 8: attend_one_avx512<T, 8, NC>(q, k, v, slots, len, out, s, h, scores); return true;
+    case 1: RS_ONE(1); return true;
+    case 2: RS_ONE(2); return true;
+    case 3: RS_ONE(3); return true;
+    case 4: RS_ONE(4); return true;
+    case 8: RS_ONE(8); return true;
     default: return false;
   }
+#undef RS_ONE
 }
 #endif
 
@@ -250,6 +262,67 @@ void attend(const T* q, const T* k, const T* v, const int64_t* slots, const int6
     }
   }
 }
+
+#if defined(RADIXSERVE_AMX)
+// Decode rows where `sp.members` share the prefix `sp.slots`: the members' queries against it
+// on AMX tiles (amx_prefix.h), then every row over its own keys with the vector kernel, a
+// member's merged with its prefix result.
+template <int64_t kD>
+void attend_shared(const uint16_t* q, const uint16_t* k, const uint16_t* v, const int64_t* slots,
+                   const int64_t* kv_row, const int64_t* kv_len, uint16_t* out, const Shape& s,
+                   const SharedPrefix& sp, int num_threads) {
+  constexpr int64_t ks_steps = kD / 32;
+  const int64_t groups = s.hq / s.hkv, per_head = sp.len * kD;
+  // Scratch left uninitialised (every element read is written first): zeroing ~0.5 MB per
+  // layer showed up in the profile.
+  std::unique_ptr<uint16_t[]> kb(new uint16_t[s.hkv * per_head]), vb(new uint16_t[s.hkv * per_head]);
+  std::unique_ptr<float[]> st_m(new float[s.nrows * s.hq]), st_l(new float[s.nrows * s.hq]),
+      st_acc(new float[s.nrows * s.hq * kD]);
+  std::vector<char> member(s.nrows, 0);
+  for (int64_t i = 0; i < sp.n; ++i) member[sp.members[i]] = 1;
+  int64_t max_len = 1;
+  for (int64_t r = 0; r < s.nrows; ++r) max_len = kv_len[r] > max_len ? kv_len[r] : max_len;
+  const int64_t tiles = (sp.n * groups + 15) / 16;
+#pragma omp parallel num_threads(num_threads)
+  {
+    const int64_t blocks = sp.len / kPrefixBlock;
+#pragma omp for schedule(static)
+    for (int64_t it = 0; it < s.hkv * blocks; ++it) {
+      const int64_t h = it / blocks;
+      pack_prefix_block(k, v, sp, s.kv_stride, kD, h, it % blocks, kb.get() + h * per_head,
+                        vb.get() + h * per_head);
+    }
+    std::unique_ptr<float[]> sbuf(new float[16 * sp.len]);
+    std::unique_ptr<uint16_t[]> pbuf(new uint16_t[16 * sp.len]);
+    configure_tiles();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < s.hkv * tiles; ++it) {
+      const int64_t h = it / tiles, t0 = (it % tiles) * 16;
+      prefix_tile<ks_steps>(q, s.q_stride, s.hq, groups, h, t0, sp, kb.get() + h * per_head,
+                            vb.get() + h * per_head, s.scale, st_m.get(), st_l.get(),
+                            st_acc.get(), sbuf.get(), pbuf.get());
+    }
+    _tile_release();
+    std::vector<float> scores(groups * max_len);
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t it = 0; it < s.nrows * s.hkv; ++it) {
+      const int64_t r = it / s.hkv, h = it % s.hkv;
+      const int64_t* sr = slots + kv_row[r] * s.slots_stride;
+      const uint16_t* qr = q + r * s.q_stride;
+      uint16_t* orow = out + r * s.hq * kD;
+      if (!member[r]) {
+        attend_one_fast<uint16_t, kD / 16>(groups, qr, k, v, sr, kv_len[r], orow, s, h,
+                                           scores.data());
+        continue;
+      }
+      const int64_t at = r * s.hq + h * groups;
+      const PrefixState st{st_m.get() + at, st_l.get() + at, st_acc.get() + at * kD};
+      attend_one_fast<uint16_t, kD / 16>(groups, qr, k, v, sr + sp.len, kv_len[r] - sp.len,
+                                         orow, s, h, scores.data(), &st);
+    }
+  }
+}
+#endif
 
 template <typename T>
 void dispatch(const void* q, const void* k, const void* v, const int64_t* slots,
@@ -288,6 +361,59 @@ int radixserve_paged_attention(int dtype, const void* q, const void* k, const vo
     return -1;
   }
   return 0;
+}
+
+// 1 where this build and process can run the shared-prefix path (AMX tiles), else 0.
+int radixserve_paged_attention_has_shared() {
+#if defined(RADIXSERVE_AMX)
+  return amx_ready() ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
+// As radixserve_paged_attention (bfloat16 only), where the query rows `members` (n of them)
+// all start with the `prefix_len` slots `prefix_slots` (a multiple of 32). Returns 0; -2 where
+// the path does not apply (no AMX, dtype, head dim 64/128, query heads per KV head 1/2/3/4/8);
+// -3 where a member's keys do not start with the prefix.
+int radixserve_paged_attention_shared(int dtype, const void* q, const void* k, const void* v,
+                                      const int64_t* slots, const int64_t* kv_row,
+                                      const int64_t* kv_len, void* out, int64_t nrows,
+                                      int64_t hq, int64_t hkv, int64_t d, int64_t q_stride,
+                                      int64_t kv_stride, int64_t slots_stride, float scale,
+                                      int num_threads, const int64_t* prefix_slots,
+                                      int64_t prefix_len, const int64_t* members, int64_t n) {
+#if defined(RADIXSERVE_AMX)
+  const int64_t g = hkv > 0 ? hq / hkv : 0;
+  const bool groups_ok = hkv > 0 && hq % hkv == 0 && (g == 1 || g == 2 || g == 3 || g == 4 || g == 8);
+  if (dtype != 1 || (d != 64 && d != 128) || !groups_ok || prefix_len <= 0 ||
+      prefix_len % kPrefixBlock != 0 || !amx_ready())
+    return -2;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = members[i];
+    if (r < 0 || r >= nrows || kv_len[r] < prefix_len ||
+        std::memcmp(slots + kv_row[r] * slots_stride, prefix_slots, prefix_len * 8) != 0)
+      return -3;
+  }
+  const Shape s{nrows, hq, hkv, d, q_stride, kv_stride, slots_stride, scale};
+  const SharedPrefix sp{prefix_slots, prefix_len, members, n};
+  auto qt = static_cast<const uint16_t*>(q);
+  auto kt = static_cast<const uint16_t*>(k);
+  auto vt = static_cast<const uint16_t*>(v);
+  auto ot = static_cast<uint16_t*>(out);
+  if (d == 64) {
+    attend_shared<64>(qt, kt, vt, slots, kv_row, kv_len, ot, s, sp, num_threads);
+  } else {
+    attend_shared<128>(qt, kt, vt, slots, kv_row, kv_len, ot, s, sp, num_threads);
+  }
+  return 0;
+#else
+  (void)dtype; (void)q; (void)k; (void)v; (void)slots; (void)kv_row; (void)kv_len; (void)out;
+  (void)nrows; (void)hq; (void)hkv; (void)d; (void)q_stride; (void)kv_stride;
+  (void)slots_stride; (void)scale; (void)num_threads; (void)prefix_slots; (void)prefix_len;
+  (void)members; (void)n;
+  return -2;
+#endif
 }
 
 }  // extern "C"
