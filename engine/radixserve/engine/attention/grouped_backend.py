@@ -62,10 +62,24 @@ class ExtendRow:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupRows:
+    """A shared-prefix group's query tokens as rows of the C++ kernel (AMX shared entry):
+    token t reads its member's slots `table[kv_row[t], :kv_len[t]]` (causal), the first
+    `prefix.numel()` of which are the group's shared slots, cut to whole kernel blocks."""
+
+    table: torch.Tensor  # [members, L] int64
+    kv_row: torch.Tensor  # [N] int64
+    kv_len: torch.Tensor  # [N] int64
+    prefix: torch.Tensor  # [P] int64
+    rows: torch.Tensor  # [N] int64 = arange(N): every token is a member
+
+
+@dataclass(frozen=True, slots=True)
 class ForwardMetadata:
     decode: DecodeRows | None
     extend_reqs: tuple[ExtendRow, ...]
     prefix_groups: tuple[PrefixGroup, ...] = ()  # CPU: extend rows sharing a cached prefix
+    group_rows: tuple[GroupRows | None, ...] = ()  # per prefix group, where the kernel runs it
 
 
 def _decode_rows(fb: ForwardBatch, rows: list[int], token_index: list[int]) -> DecodeRows:
@@ -135,8 +149,14 @@ class GroupedAttnBackend(AttentionBackend):
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         meta = build_metadata(forward_batch)
+        if self._kernel is None or self._kernel.shared_fn is None:
+            self._meta = meta
+            return
+        if meta.prefix_groups:
+            rows_of = tuple(_group_rows(g, meta) for g in meta.prefix_groups)
+            meta = replace(meta, group_rows=rows_of)
         rows = meta.decode
-        if rows is not None and self._kernel is not None and self._kernel.shared_fn is not None:
+        if rows is not None:
             table = rows.slots if rows.slots.shape[0] == rows.req_index.numel() else None
             if table is None:  # a MIXED batch: its one-token rows only
                 table = rows.slots.index_select(0, rows.req_index)
@@ -165,6 +185,26 @@ class GroupedAttnBackend(AttentionBackend):
                     return out
             return self._kernel(*args)
         return _grouped_decode(q, k_cache, v_cache, layer, rows)
+
+    def _extend_group_kernel(  # noqa: PLR0913 - one argument per input of the call
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        group: PrefixGroup,
+        rows: GroupRows,
+        layer: RadixAttention,
+    ) -> torch.Tensor | None:
+        """The group's tokens through the kernel's shared entry ([N, Hq, D] in q_index order),
+        or None where it does not apply (dtype, layout: the flash cascade runs instead)."""
+        assert self._kernel is not None
+        qg = q.index_select(0, group.q_index)
+        if not PagedAttentionKernel.supports(qg, k_cache, rows.table):
+            return None
+        return self._kernel.shared(
+            qg, k_cache, v_cache, rows.table, rows.kv_row, rows.kv_len, layer.scaling,
+            rows.prefix, rows.rows,
+        )  # fmt: skip
 
     def _metadata(self, fb: ForwardBatch) -> ForwardMetadata:
         if self._meta is None:
@@ -204,8 +244,13 @@ class GroupedAttnBackend(AttentionBackend):
                 dq.flatten(1), k_cache, v_cache, layer, meta.decode
             )
         done: set[int] = set()
-        for group in meta.prefix_groups:
-            out[group.q_index] = _extend_group(q, k_cache, v_cache, group, meta, layer)
+        for i, group in enumerate(meta.prefix_groups):
+            got = None
+            if meta.group_rows and (rows := meta.group_rows[i]) is not None:
+                got = self._extend_group_kernel(q, k_cache, v_cache, group, rows, layer)
+            if got is None:
+                got = _extend_group(q, k_cache, v_cache, group, meta, layer)
+            out[group.q_index] = got
             done.update(group.members)
         for i, req in enumerate(meta.extend_reqs):
             if i in done:
@@ -213,6 +258,30 @@ class GroupedAttnBackend(AttentionBackend):
             end = req.q_start + req.extend
             out[req.q_start : end] = _extend_one(q[req.q_start : end], k_cache, v_cache, req, layer)
         return out.view(-1, layer.num_heads * layer.head_dim)
+
+
+def _group_rows(group: PrefixGroup, meta: ForwardMetadata) -> GroupRows | None:
+    """The group's tokens as kernel rows, or None when its shared prefix is under a block."""
+    shared = group.slots.numel() - group.slots.numel() % paged_cpu.SHARED_BLOCK
+    if shared == 0:
+        return None
+    reqs = [meta.extend_reqs[i] for i in group.members]
+    width = max(r.slots.numel() for r in reqs)
+    table = torch.zeros(len(reqs), width, dtype=torch.int64)
+    kv_row: list[int] = []
+    kv_len: list[int] = []
+    for m, r in enumerate(reqs):
+        n = r.slots.numel()
+        table[m, :n] = r.slots
+        kv_row += [m] * r.extend
+        kv_len += range(n - r.extend + 1, n + 1)  # token j of the new ones sees prefix + j + 1
+    return GroupRows(
+        table,
+        torch.tensor(kv_row, dtype=torch.int64),
+        torch.tensor(kv_len, dtype=torch.int64),
+        group.slots[:shared].contiguous(),
+        torch.arange(len(kv_row), dtype=torch.int64),
+    )
 
 
 def _grouped_decode(
