@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixserve.engine.managers.overlap import FutureMap
+from radixserve.engine.managers.overlap import ForwardWorker, FutureMap
+from radixserve.engine.sampling import SampleOutput
 
 CPU = torch.device("cpu")
 
@@ -31,6 +32,30 @@ def test_future_map_resolves_placeholders_from_stored_ids() -> None:
 def test_future_map_slots_wrap_around_the_ring() -> None:
     fm = FutureMap(3, CPU)
     assert fm.alloc(4) == [1, 2, 3, 1]
+
+
+def test_worker_stop_waits_for_the_forward_in_flight() -> None:
+    """The last launched forward may still run when the engine shuts down (overlap launches
+    one step ahead); stop() must return only after it, or the pools and the interpreter go
+    away under it."""
+    import threading
+    from concurrent.futures import Future
+
+    started, release = threading.Event(), threading.Event()
+
+    def slow_forward(ids: torch.Tensor) -> SampleOutput:
+        started.set()
+        release.wait(5)
+        return SampleOutput(ids + 1, torch.zeros(ids.shape), None)
+
+    worker = ForwardWorker(FutureMap(4, CPU))
+    fut: Future[SampleOutput] = Future()
+    worker.submit(slow_forward, torch.tensor([1, 2]), [1, 2], fut)
+    assert started.wait(5)
+    threading.Timer(0.2, release.set).start()
+    worker.stop()
+    assert fut.done() and fut.result().next_token_ids.tolist() == [2, 3]
+    assert not worker._thread.is_alive()
 
 
 @pytest.mark.gpu

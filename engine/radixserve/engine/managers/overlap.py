@@ -10,6 +10,7 @@ batch N has always finished when batch N+1 resolves its placeholders.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -23,6 +24,9 @@ from radixserve.engine.managers.schedule_batch import ScheduleBatch
 from radixserve.engine.sampling import SampleOutput
 
 ForwardFn = Callable[[torch.Tensor], SampleOutput]  # resolved input ids → sampled output
+STOP_TIMEOUT_S = 60.0  # longer than any forward; a stuck one is logged, not waited on forever
+
+logger = logging.getLogger(__name__)
 
 
 class FutureMap:
@@ -96,5 +100,12 @@ class ForwardWorker:
             except BaseException as exc:  # surfaced to the scheduler thread by fut.result()
                 fut.set_exception(exc)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Let the queued forwards finish, then end the thread. Waiting matters: a forward
+        still running when the pools are dropped or the interpreter exits would use freed
+        buffers, or re-take the GIL from inside a C++ call during finalization, which aborts
+        the process ("terminate called without an active exception")."""
         self._queue.put(None)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            logger.warning("forward worker still running %.0f s after stop", timeout)
