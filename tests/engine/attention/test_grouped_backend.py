@@ -235,6 +235,17 @@ def test_extends_sharing_a_cached_prefix_match_the_reference(
         torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
         lens = [n + 1 for n in lens]
 
+    # MIXED: those six rows decode beside a new prefill chunk (row 10); their one-token rows
+    # still form the shared group, indexed among the batch's decode rows
+    fb = make_batch(pools, ForwardMode.MIXED, [10, *rows], [0, *lens[:6]], [24] + [1] * 6)
+    backend.init_forward_metadata(fb)
+    decode = backend._metadata(fb).decode
+    assert decode is not None
+    if backend._kernel is not None and backend._kernel.shared_fn is not None:
+        assert decode.shared is not None and decode.shared.members.tolist() == list(range(6))
+    ref, got = run_both(fb, layer, dtype, gen)
+    torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
+
 
 def test_forward_without_metadata_is_an_error() -> None:
     layer = RadixAttention(9, HEAD_DIM, 0.125, 3, layer_id=0)
