@@ -276,3 +276,26 @@ def test_the_kernel_builds_into_an_empty_cache_once(
     assert first.parent == tmp_path / "kernels" and first.is_file()
     built_at = first.stat().st_mtime_ns
     assert build_library(SOURCE) == first and first.stat().st_mtime_ns == built_at
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler: PyTorch path only")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_kernel_kv_store_matches_indexed_assignment(dtype: torch.dtype) -> None:
+    """The kernel's KV write (rows of a fused qkv output to pool slots) against torch's
+    indexed assignment; a slot outside the pool is an error and writes nothing."""
+    kernel = load_paged_kernel()
+    assert kernel is not None
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(7, 9 * HEAD_DIM + 2 * 3 * HEAD_DIM, generator=gen).to(dtype)
+    _, k, v = qkv.split([9 * HEAD_DIM, 3 * HEAD_DIM, 3 * HEAD_DIM], dim=-1)
+    loc = torch.tensor([5, 1, 17, 2, 30, 9, 8])
+    caches = [torch.zeros(32, 3, HEAD_DIM, dtype=dtype) for _ in range(4)]
+    assert kernel.store(k, v, caches[0], caches[1], loc)
+    caches[2][loc], caches[3][loc] = k.view(7, 3, HEAD_DIM), v.view(7, 3, HEAD_DIM)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    before = caches[0].clone()
+    with pytest.raises(IndexError, match="outside the pool"):
+        kernel.store(k, v, caches[0], caches[1], torch.tensor([0, 1, 2, 3, 4, 5, 32]))
+    assert torch.equal(caches[0], before)
+    # not the layout it copies (a non-int64 loc): False, nothing written
+    assert not kernel.store(k, v, caches[0], caches[1], loc.to(torch.int32))

@@ -186,6 +186,17 @@ class GroupedAttnBackend(AttentionBackend):
             return self._kernel(*args)
         return _grouped_decode(q, k_cache, v_cache, layer, rows)
 
+    def _write_kv(
+        self, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention, fb: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kernel's row copy where the pool suits it (CPU, one dtype), else the base's."""
+        if self._kernel is not None:
+            pool = fb.token_to_kv_pool
+            k_cache, v_cache = pool.get_kv_buffer(layer.layer_id)
+            if self._kernel.store(k, v, k_cache, v_cache, fb.out_cache_loc):
+                return k_cache, v_cache
+        return super()._write_kv(k, v, layer, fb)
+
     def _extend_group_kernel(  # noqa: PLR0913 - one argument per input of the call
         self,
         q: torch.Tensor,

@@ -40,6 +40,18 @@ SHARED_UNSUPPORTED = -2  # the shared-prefix entry's "does not apply here" (the 
 SHARED_BLOCK = 32  # the shared prefix goes on AMX tiles in whole blocks of this many keys
 
 
+_STORE_ARGTYPES: list[Any] = [
+    ctypes.c_int64,
+    *[ctypes.c_void_p] * 2,
+    *[ctypes.c_int64] * 2,
+    *[ctypes.c_void_p] * 2,
+    *[ctypes.c_int64] * 2,
+    ctypes.c_void_p,
+    *[ctypes.c_int64] * 2,
+    ctypes.c_int,
+]
+
+
 @dataclass(frozen=True)
 class PagedAttentionKernel:
     """`radixserve_paged_attention` of the loaded library, with tensor arguments; `shared_fn`
@@ -47,6 +59,41 @@ class PagedAttentionKernel:
 
     fn: Any  # the ctypes function (argtypes/restype set by load_paged_kernel)
     shared_fn: Any = None
+    store_fn: Any = None
+
+    def store(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        loc: torch.Tensor,
+    ) -> bool:
+        """Write k, v [T, Hkv·D] (rows may be strided) at slots loc [T] of the caches
+        [S, Hkv, D]; False, writing nothing, where the tensors do not suit the copy."""
+        row = k_cache.shape[1] * k_cache.shape[2]
+        if not (
+            self.store_fn is not None
+            and k.device.type == "cpu"
+            and k.dtype == v.dtype == k_cache.dtype == v_cache.dtype
+            and k.dim() == 2 == v.dim()
+            and k.shape[1] == row == v.shape[1]
+            and k.stride(1) == 1 == v.stride(1)
+            and k_cache.is_contiguous()
+            and v_cache.is_contiguous()
+            and loc.dtype == torch.int64
+            and loc.is_contiguous()
+            and loc.numel() == k.shape[0] == v.shape[0]
+        ):
+            return False
+        rc = self.store_fn(
+            k.element_size(), k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0),
+            k_cache.data_ptr(), v_cache.data_ptr(), row, k_cache.shape[0], loc.data_ptr(),
+            loc.numel(), row, torch.get_num_threads(),
+        )  # fmt: skip
+        if rc != 0:
+            raise IndexError(f"KV store: a slot of loc is outside the pool's {k_cache.shape[0]}")
+        return True
 
     def __call__(  # noqa: PLR0913 - one argument per input of the kernel
         self,
@@ -159,4 +206,7 @@ def load_paged_kernel() -> PagedAttentionKernel | None:
         shared = lib.radixserve_paged_attention_shared
         shared.restype = ctypes.c_int
         shared.argtypes = _SHARED_ARGTYPES
-    return PagedAttentionKernel(fn, shared)
+    store = lib.radixserve_store_kv
+    store.restype = ctypes.c_int
+    store.argtypes = _STORE_ARGTYPES
+    return PagedAttentionKernel(fn, shared, store)

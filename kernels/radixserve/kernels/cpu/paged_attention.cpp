@@ -363,6 +363,29 @@ int radixserve_paged_attention(int dtype, const void* q, const void* k, const vo
   return 0;
 }
 
+// Stores n tokens' K and V rows (`row` elements each, rows `k_stride` / `v_stride` apart, as
+// views into a fused qkv output) at pool slots loc[0..n) (`kv_stride` elements apart): the
+// KV write of a forward, one copy per row instead of two indexed assignments. elem_size: 2
+// or 4 bytes. Returns 0, or -1 (writing nothing) when a slot is outside [0, num_slots).
+int radixserve_store_kv(int64_t elem_size, const void* k, const void* v, int64_t k_stride,
+                        int64_t v_stride, void* k_cache, void* v_cache, int64_t kv_stride,
+                        int64_t num_slots, const int64_t* loc, int64_t n, int64_t row,
+                        int num_threads) {
+  for (int64_t t = 0; t < n; ++t)
+    if (loc[t] < 0 || loc[t] >= num_slots) return -1;
+  auto kb = static_cast<const char*>(k);
+  auto vb = static_cast<const char*>(v);
+  auto kc = static_cast<char*>(k_cache);
+  auto vc = static_cast<char*>(v_cache);
+  const int64_t bytes = row * elem_size;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (n * bytes >= (1 << 18))
+  for (int64_t t = 0; t < n; ++t) {
+    std::memcpy(kc + loc[t] * kv_stride * elem_size, kb + t * k_stride * elem_size, bytes);
+    std::memcpy(vc + loc[t] * kv_stride * elem_size, vb + t * v_stride * elem_size, bytes);
+  }
+  return 0;
+}
+
 // 1 where this build and process can run the shared-prefix path (AMX tiles), else 0.
 int radixserve_paged_attention_has_shared() {
 #if defined(RADIXSERVE_AMX)
