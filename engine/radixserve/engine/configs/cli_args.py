@@ -29,6 +29,7 @@ _HELP: Mapping[str, str] = MappingProxyType(
         "kv_events_format": "KV-event encoding: map (SGLang 0.5.23 / vLLM 0.32) or array (0.5.6)",
         "disable_fused_ops": "PyTorch norm/SiLU/rotary/MoE, not the fused C++ (CPU) / Triton ops",
         "disable_weight_prepack": "CPU bf16: plain weights and F.linear, not oneDNN-prepacked",
+        "cpu_bind": "CPU: none (the OS places threads) | auto (pinned to own cores) | 0-3|4-7",
         "tp_size": "tensor-parallel ranks (one scheduler process each)",
         "dp_size": "data-parallel ranks: independent scheduling groups of tp_size ranks each",
         "ep_size": "expert-parallel ranks (divides tp_size and the expert count)",

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from radixserve.engine.configs.cpu_features import cpu_has_bf16
+from radixserve.engine.configs.cpu_features import check_cpu_bind, cpu_has_bf16
 from radixserve.logging_setup import LOG_FORMATS
 from radixserve.protocol.kv_events import parse_event_format
 
@@ -72,6 +72,10 @@ class ServerArgs:
     # CPU bfloat16: projection weights prepacked once for oneDNN (layers/parallel_linear.py);
     # off keeps plain weights and F.linear (the A/B)
     disable_weight_prepack: bool = False
+    # CPU: leave the torch threads to the OS (none), or pin each scheduler process's threads
+    # to its share of the allowed CPUs (auto) or to per-process groups "0-3|4-7"
+    # (managers/cpu_binding.py; none is the default: measured no faster in serving here)
+    cpu_bind: str = "none"
     # parallelism: one scheduler process per rank. Without DP attention dp_size independent
     # scheduling groups of tp_size ranks each; with it tp_size ranks in all, whose attention is
     # split into dp_size DP ranks of tp_size / dp_size ranks (SGLang's convention)
@@ -103,6 +107,7 @@ class ServerArgs:
     def __post_init__(self) -> None:
         _check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
         _check(self.page_size >= 1, "page_size", f"must be ≥ 1, got {self.page_size}")
+        check_cpu_bind(self.cpu_bind)
         for name in ("max_request_body_bytes", "header_timeout_s"):
             value = getattr(self, name)
             _check(value is None or value > 0, name, f"must be > 0, got {value}")
@@ -286,7 +291,11 @@ class ServerArgs:
             f"attention_backend={self.resolved_attention_backend} "
             f"schedule_policy={self.schedule_policy} chunked_prefill_size={self.chunk_size} "
             f"overlap_schedule={self.overlap_schedule} page_size={self.page_size}"
-            + ("" if self.device == "cpu" else f" disable_cuda_graph={self.disable_cuda_graph}")
+            + (
+                f" cpu_bind={self.cpu_bind}"
+                if self.device == "cpu"
+                else f" disable_cuda_graph={self.disable_cuda_graph}"
+            )
         )
 
     @classmethod

@@ -41,6 +41,7 @@ from radixserve.engine.ipc.messages import (
     SchedulerInput,
     TokenizedGenerateReq,
 )
+from radixserve.engine.managers.cpu_binding import bind_process_threads
 from radixserve.engine.managers.kv_event_publisher import ZmqKVEventPublisher
 from radixserve.engine.managers.req import Req
 from radixserve.engine.managers.scheduler_core import SchedulerCore
@@ -226,10 +227,18 @@ def _channels(
     )
 
 
-def _set_cpu_threads(args: ServerArgs) -> None:
-    # Ranks on one CPU share its cores: without a cap each would start one thread per core.
-    if args.device == "cpu" and args.num_ranks > 1:
+def _set_cpu_threads(args: ServerArgs, rank: RankSpec, dp_rank: int) -> None:
+    """Ranks on one CPU share its cores: each takes its share of threads (without a cap each
+    would start one per core), pinned to its own cores per --cpu-bind."""
+    if args.device != "cpu":
+        return
+    if args.num_ranks > 1:
         torch.set_num_threads(args.cpu_threads_per_rank)
+    index = rank.tp_rank if args.enable_dp_attention else dp_rank * args.tp_size + rank.tp_rank
+    # With the overlap loop the forward runs on a worker thread, which would inherit the
+    # main thread's single pinned CPU (and so would its OpenMP team): no binding there.
+    spec = "none" if args.overlap_schedule else args.cpu_bind
+    bind_process_threads(spec, index, args.num_ranks)
 
 
 def run_scheduler_process(
@@ -243,7 +252,7 @@ def run_scheduler_process(
     serve forever."""
     rank = rank or RankSpec()
     args = rank_args(args, rank, dp_rank)
-    _set_cpu_threads(args)
+    _set_cpu_threads(args, rank, dp_rank)
     ctx = zmq.Context()
     publisher = None
     try:

@@ -1,0 +1,74 @@
+"""--cpu-bind: which CPUs each scheduler process pins its torch threads to, and that the
+pinning really holds for torch's OpenMP threads (read back from the kernel's view of every
+thread, /proc/self/task/*/status)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from radixserve.engine.configs.cpu_features import parse_cpu_list
+from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.managers.cpu_binding import cgroup_cpu_limit, cpus_for_process
+
+
+def test_cpu_lists_parse_and_bad_ones_name_the_flag() -> None:
+    assert parse_cpu_list("0-3,8") == [0, 1, 2, 3, 8]
+    assert parse_cpu_list("5") == [5]
+    for bad in ("", "a-b", "3-1", "0-", "1,,2"):
+        with pytest.raises(ValueError, match="cpu_bind"):
+            parse_cpu_list(bad)
+    with pytest.raises(ValueError, match="cpu_bind"):
+        ServerArgs(cpu_bind="0-3|x")
+    assert ServerArgs(cpu_bind="0-1|2-3").cpu_bind == "0-1|2-3"
+
+
+def test_auto_gives_each_process_its_own_share() -> None:
+    mask = list(range(8))
+    assert cpus_for_process("auto", 0, 1, mask, None) == (mask, "auto")
+    assert cpus_for_process("auto", 0, 2, mask, None)[0] == [0, 1, 2, 3]
+    assert cpus_for_process("auto", 1, 2, mask, None)[0] == [4, 5, 6, 7]
+    assert cpus_for_process("auto", 2, 3, [2, 3, 5, 7, 11, 13], 6.0)[0] == [11, 13]
+    # a quota below the mask: a shared node, nothing pinned
+    cpus, why = cpus_for_process("auto", 0, 1, mask, 2.0)
+    assert cpus is None and "quota" in why
+    assert cpus_for_process("none", 0, 1, mask, None)[0] is None
+    assert cpus_for_process("auto", 0, 4, [0, 1], None)[0] is None  # oversubscribed
+    assert cpus_for_process("0-1|6,7", 1, 2, mask, None)[0] == [6, 7]
+    assert cpus_for_process("0-1", 1, 2, mask, None)[0] is None  # no group for process 1
+
+
+def test_cgroup_quota_is_read_from_cpu_max(tmp_path: Path) -> None:
+    f = tmp_path / "cpu.max"
+    f.write_text("max 100000\n")
+    assert cgroup_cpu_limit(f) is None
+    f.write_text("250000 100000\n")
+    assert cgroup_cpu_limit(f) == 2.5
+    assert cgroup_cpu_limit(tmp_path / "missing") is None
+
+
+PROBE = """
+import os, sys, torch
+from radixserve.kernels.cpu.affinity import bind_omp_threads
+assert bind_omp_threads([0])
+torch.randn(512, 512) @ torch.randn(512, 512)  # a parallel region after the binding
+allowed = set()
+for task in os.listdir("/proc/self/task"):
+    for line in open(f"/proc/self/task/{task}/status"):
+        if line.startswith("Cpus_allowed_list"):
+            allowed.add((task, line.split()[1]))
+print(torch.get_num_threads(), sorted(a for _, a in allowed), flush=True)
+"""
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler: threads not pinned")
+def test_binding_pins_the_calling_thread_and_sets_the_thread_count() -> None:
+    run = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    threads, allowed = run.stdout.split(" ", 1)
+    assert threads == "1"
+    assert "'0'" in allowed  # the main (OpenMP master) thread now runs on CPU 0 only
