@@ -111,9 +111,12 @@ def test_find_decode_prefix_takes_the_largest_sharing_group() -> None:
         table[r] = 5000 + r * 200 + torch.arange(140)
     table[7, :50] = torch.arange(1, 51)  # too short to count
     lens = [130, 120, 101 + 1, 140, 125, 140, 140, 50]
-    found = find_decode_prefix(table, lens, SHARED_BLOCK)
+    found = find_decode_prefix(table, lens, SHARED_BLOCK, 4096)
     assert found is not None
     assert found.members.tolist() == [0, 1, 2, 3, 4]
     assert found.slots.tolist() == list(range(1, 97))
+    # capped: at most max_keys of the prefix go on tiles
+    capped = find_decode_prefix(table, lens, SHARED_BLOCK, 70)
+    assert capped is not None and capped.slots.tolist() == list(range(1, 65))
     # fewer than four sharing rows: no group
-    assert find_decode_prefix(table[3:7], lens[3:7], SHARED_BLOCK) is None
+    assert find_decode_prefix(table[3:7], lens[3:7], SHARED_BLOCK, 4096) is None

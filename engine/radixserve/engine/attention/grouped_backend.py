@@ -161,7 +161,7 @@ class GroupedAttnBackend(AttentionBackend):
             if table is None:  # a MIXED batch: its one-token rows only
                 table = rows.slots.index_select(0, rows.req_index)
             found = shared_prefix.find_decode_prefix(
-                table, rows.seq_lens.tolist(), paged_cpu.SHARED_BLOCK
+                table, rows.seq_lens.tolist(), paged_cpu.SHARED_BLOCK, paged_cpu.SHARED_MAX_KEYS
             )
             if found is not None:
                 meta = replace(meta, decode=replace(rows, shared=found))
@@ -273,7 +273,8 @@ class GroupedAttnBackend(AttentionBackend):
 
 def _group_rows(group: PrefixGroup, meta: ForwardMetadata) -> GroupRows | None:
     """The group's tokens as kernel rows, or None when its shared prefix is under a block."""
-    shared = group.slots.numel() - group.slots.numel() % paged_cpu.SHARED_BLOCK
+    shared = min(group.slots.numel(), paged_cpu.SHARED_MAX_KEYS)
+    shared -= shared % paged_cpu.SHARED_BLOCK
     if shared == 0:
         return None
     reqs = [meta.extend_reqs[i] for i in group.members]

@@ -38,6 +38,9 @@ _ARGTYPES: list[Any] = [
 _SHARED_ARGTYPES: list[Any] = [*_ARGTYPES, *[ctypes.c_void_p, ctypes.c_int64] * 2]
 SHARED_UNSUPPORTED = -2  # the shared-prefix entry's "does not apply here" (the caller falls back)
 SHARED_BLOCK = 32  # the shared prefix goes on AMX tiles in whole blocks of this many keys
+# At most this many prefix keys go on tiles (the rest count as each row's own keys): the call
+# packs them into scratch, 2 · Hkv · keys · D bf16 (8 MiB each for K and V at 8 KV heads of 128).
+SHARED_MAX_KEYS = 4096
 
 
 _STORE_ARGTYPES: list[Any] = [

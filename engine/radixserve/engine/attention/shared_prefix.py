@@ -70,10 +70,13 @@ class DecodePrefix:
     members: torch.Tensor  # [n] int64
 
 
-def find_decode_prefix(rows: torch.Tensor, lens: list[int], block: int) -> DecodePrefix | None:
+def find_decode_prefix(
+    rows: torch.Tensor, lens: list[int], block: int, max_keys: int
+) -> DecodePrefix | None:
     """The largest set of decode rows sharing a cached prefix of at least MIN_PREFIX slots, cut
-    to whole `block`s; `rows` [b, L] are the rows' slots, `lens` how many each attends. Once per
-    forward (every layer reuses it). None when fewer than MIN_DECODE_MEMBERS rows share one."""
+    to at most `max_keys` in whole `block`s; `rows` [b, L] are the rows' slots, `lens` how many
+    each attends. Once per forward (every layer reuses it). None when fewer than
+    MIN_DECODE_MEMBERS rows share one."""
     by_head: dict[tuple[int, ...], list[int]] = {}
     heads = rows[:, :MIN_PREFIX].tolist() if rows.shape[1] >= MIN_PREFIX else []
     for i, head in enumerate(heads):
@@ -88,6 +91,7 @@ def find_decode_prefix(rows: torch.Tensor, lens: list[int], block: int) -> Decod
     picked = rows.index_select(0, index)[:, :shortest]
     same = (picked == picked[0]).all(dim=0)
     shared = shortest if bool(same.all()) else int(same.to(torch.int8).argmin())
+    shared = min(shared, max_keys)
     shared -= shared % block
     if shared < MIN_PREFIX:
         return None

@@ -412,11 +412,16 @@ int radixserve_paged_attention_shared(int dtype, const void* q, const void* k, c
   if (dtype != 1 || (d != 64 && d != 128) || !groups_ok || prefix_len <= 0 ||
       prefix_len % kPrefixBlock != 0 || !amx_ready())
     return -2;
+  // Every member's slot row must start with the prefix: checked once per slot row (the
+  // tokens of one extend share theirs).
+  std::vector<int64_t> checked;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = members[i];
-    if (r < 0 || r >= nrows || kv_len[r] < prefix_len ||
-        std::memcmp(slots + kv_row[r] * slots_stride, prefix_slots, prefix_len * 8) != 0)
-      return -3;
+    if (r < 0 || r >= nrows || kv_len[r] < prefix_len) return -3;
+    const int64_t row = kv_row[r];
+    if (!checked.empty() && checked.back() == row) continue;
+    if (std::memcmp(slots + row * slots_stride, prefix_slots, prefix_len * 8) != 0) return -3;
+    checked.push_back(row);
   }
   const Shape s{nrows, hq, hkv, d, q_stride, kv_stride, slots_stride, scale};
   const SharedPrefix sp{prefix_slots, prefix_len, members, n};
