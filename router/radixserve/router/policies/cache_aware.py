@@ -61,9 +61,13 @@ class CacheAwarePolicy:
         lo, hi = min(loads), max(loads)
         return hi - lo > self.balance_abs_threshold and hi > lo * self.balance_rel_threshold
 
+    def load_order(self, target: TargetView) -> tuple[float, int, int]:
+        """Least loaded first; ties → fewer requests, then less cached."""
+        return (self.load(target), target.load, target.cache_size_tokens)
+
     def least_loaded(self, targets: Sequence[TargetView]) -> TargetView:
-        """Smallest load; ties → fewer requests, then less cached, then the first."""
-        return min(targets, key=lambda t: (self.load(t), t.load, t.cache_size_tokens))
+        """Smallest `load_order`; the first of equals."""
+        return min(targets, key=self.load_order)
 
     @staticmethod
     def displaced(request: RouteRequest, target: TargetView) -> int:
@@ -76,13 +80,8 @@ class CacheAwarePolicy:
         return -(-over // n) if over > 0 else 0
 
     def place_miss(self, request: RouteRequest, targets: Sequence[TargetView]) -> TargetView:
-        """Step 3: least displaced; ties → least loaded, fewer requests, less cached."""
-        return min(
-            targets,
-            key=lambda t: (
-                self.displaced(request, t), self.load(t), t.load, t.cache_size_tokens
-            ),
-        )  # fmt: skip
+        """Step 3: least displaced; ties in `load_order`."""
+        return min(targets, key=lambda t: (self.displaced(request, t), *self.load_order(t)))
 
     def select(self, request: RouteRequest, targets: Sequence[TargetView]) -> TargetView:
         if len(targets) == 1:
