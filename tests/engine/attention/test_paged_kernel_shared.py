@@ -35,7 +35,7 @@ def reference(q, k, v, slots, lens, scale):  # type: ignore[no-untyped-def]
     return out
 
 
-def setup(rows: int, prefix: int, hq: int, hkv: int, d: int, own_max: int, seed: int):  # type: ignore[no-untyped-def]
+def make_case(rows: int, prefix: int, hq: int, hkv: int, d: int, own_max: int, seed: int):  # type: ignore[no-untyped-def]
     gen = torch.Generator().manual_seed(seed)
     width = prefix + own_max + 1
     pool = prefix + rows * width + 1
@@ -64,7 +64,7 @@ def setup(rows: int, prefix: int, hq: int, hkv: int, d: int, own_max: int, seed:
 def test_shared_prefix_matches_float32_attention(hq: int, hkv: int, d: int, members: str) -> None:
     assert KERNEL is not None
     rows, prefix = 11, 3 * SHARED_BLOCK
-    q, k, v, slots, lens = setup(rows, prefix, hq, hkv, d, own_max=120, seed=hq * d + hkv)
+    q, k, v, slots, lens = make_case(rows, prefix, hq, hkv, d, own_max=120, seed=hq * d + hkv)
     lens[0] = prefix  # a member with no keys of its own after the prefix
     picked = torch.arange(rows) if members == "all" else torch.tensor([0, 2, 3, 5, 8, 10])
     scale = d**-0.5
@@ -81,7 +81,7 @@ def test_shared_prefix_matches_float32_attention(hq: int, hkv: int, d: int, memb
 @needs_amx
 def test_a_member_that_does_not_share_the_prefix_is_an_error() -> None:
     assert KERNEL is not None
-    q, k, v, slots, lens = setup(6, 2 * SHARED_BLOCK, 9, 3, 64, own_max=8, seed=1)
+    q, k, v, slots, lens = make_case(6, 2 * SHARED_BLOCK, 9, 3, 64, own_max=8, seed=1)
     slots[4, 7] = slots[4, -1]  # row 4's prefix differs in one slot
     with pytest.raises(RuntimeError, match="shared prefix"):
         KERNEL.shared(
@@ -93,7 +93,7 @@ def test_a_member_that_does_not_share_the_prefix_is_an_error() -> None:
 def test_unsupported_layouts_fall_back() -> None:
     """float32, or a prefix that is not whole blocks: None (the caller runs the plain path)."""
     assert KERNEL is not None
-    q, k, v, slots, lens = setup(4, 2 * SHARED_BLOCK, 9, 3, 64, own_max=4, seed=2)
+    q, k, v, slots, lens = make_case(4, 2 * SHARED_BLOCK, 9, 3, 64, own_max=4, seed=2)
     rows, prefix = torch.arange(4), slots[0, :64].clone()
     qf, kf, vf = q.float(), k.float(), v.float()
     assert KERNEL.shared(qf, kf, vf, slots, rows, lens, 0.1, prefix, rows) is None

@@ -157,9 +157,9 @@ class GroupedAttnBackend(AttentionBackend):
             meta = replace(meta, group_rows=rows_of)
         rows = meta.decode
         if rows is not None:
-            table = rows.slots if rows.slots.shape[0] == rows.req_index.numel() else None
-            if table is None:  # a MIXED batch: its one-token rows only
-                table = rows.slots.index_select(0, rows.req_index)
+            table = rows.slots  # a DECODE batch: every row is a one-token row
+            if table.shape[0] != rows.req_index.numel():  # MIXED: its one-token rows only
+                table = table.index_select(0, rows.req_index)
             found = shared_prefix.find_decode_prefix(
                 table, rows.seq_lens.tolist(), paged_cpu.SHARED_BLOCK, paged_cpu.SHARED_MAX_KEYS
             )

@@ -44,6 +44,13 @@ struct PrefixState {
   const float* acc;
 };
 
+// The most keys any of the n rows attends (at least 1): the per-thread scratch size.
+inline int64_t longest_row(const int64_t* kv_len, int64_t n) {
+  int64_t m = 1;
+  for (int64_t r = 0; r < n; ++r) m = kv_len[r] > m ? kv_len[r] : m;
+  return m;
+}
+
 // One (query row, KV head) item: G = Hq / Hkv query heads, keys 0 .. len-1.
 // `scores` holds G * len floats, `acc` G * D floats (per-thread scratch).
 template <typename T, int64_t kD>
@@ -217,6 +224,9 @@ void attend_one_avx512(const T* q, const T* k, const T* v, const int64_t* slots,
   }
 }
 
+// The query-head counts per KV head that attend_one_fast has a compiled path for.
+constexpr bool fast_groups(int64_t g) { return g == 1 || g == 2 || g == 3 || g == 4 || g == 8; }
+
 template <typename T, int NC>
 bool attend_one_fast(int64_t groups, const T* q, const T* k, const T* v, const int64_t* slots,
                      int64_t len, T* out, const Shape& s, int64_t h, float* scores,
@@ -237,8 +247,7 @@ bool attend_one_fast(int64_t groups, const T* q, const T* k, const T* v, const i
 template <typename T, int64_t kD>
 void attend(const T* q, const T* k, const T* v, const int64_t* slots, const int64_t* kv_row,
             const int64_t* kv_len, T* out, const Shape& s, int num_threads) {
-  int64_t max_len = 1;
-  for (int64_t r = 0; r < s.nrows; ++r) max_len = kv_len[r] > max_len ? kv_len[r] : max_len;
+  const int64_t max_len = longest_row(kv_len, s.nrows);
   const int64_t groups = s.hq / s.hkv;
   const int64_t items = s.nrows * s.hkv;
 #pragma omp parallel num_threads(num_threads)
@@ -280,8 +289,7 @@ void attend_shared(const uint16_t* q, const uint16_t* k, const uint16_t* v, cons
       st_acc(new float[s.nrows * s.hq * kD]);
   std::vector<char> member(s.nrows, 0);
   for (int64_t i = 0; i < sp.n; ++i) member[sp.members[i]] = 1;
-  int64_t max_len = 1;
-  for (int64_t r = 0; r < s.nrows; ++r) max_len = kv_len[r] > max_len ? kv_len[r] : max_len;
+  const int64_t max_len = longest_row(kv_len, s.nrows);
   const int64_t tiles = (sp.n * groups + 15) / 16;
 #pragma omp parallel num_threads(num_threads)
   {
@@ -407,21 +415,20 @@ int radixserve_paged_attention_shared(int dtype, const void* q, const void* k, c
                                       int num_threads, const int64_t* prefix_slots,
                                       int64_t prefix_len, const int64_t* members, int64_t n) {
 #if defined(RADIXSERVE_AMX)
-  const int64_t g = hkv > 0 ? hq / hkv : 0;
-  const bool groups_ok = hkv > 0 && hq % hkv == 0 && (g == 1 || g == 2 || g == 3 || g == 4 || g == 8);
+  const bool groups_ok = hkv > 0 && hq % hkv == 0 && fast_groups(hq / hkv);
   if (dtype != 1 || (d != 64 && d != 128) || !groups_ok || prefix_len <= 0 ||
       prefix_len % kPrefixBlock != 0 || !amx_ready())
     return -2;
   // Every member's slot row must start with the prefix: checked once per slot row (the
   // tokens of one extend share theirs).
-  std::vector<int64_t> checked;
+  int64_t checked_row = -1;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = members[i];
     if (r < 0 || r >= nrows || kv_len[r] < prefix_len) return -3;
     const int64_t row = kv_row[r];
-    if (!checked.empty() && checked.back() == row) continue;
+    if (row == checked_row) continue;
     if (std::memcmp(slots + row * slots_stride, prefix_slots, prefix_len * 8) != 0) return -3;
-    checked.push_back(row);
+    checked_row = row;
   }
   const Shape s{nrows, hq, hkv, d, q_stride, kv_stride, slots_stride, scale};
   const SharedPrefix sp{prefix_slots, prefix_len, members, n};
