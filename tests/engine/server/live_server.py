@@ -18,10 +18,23 @@ import httpx
 STARTUP_TIMEOUT_S = 300
 
 
+# Ports this test process has handed out. A port is free when chosen but is bound only later
+# (a replica binds its HTTP port after loading its model), and the OS may offer the same port
+# again meanwhile: two replicas started together once got one port, and one exited with
+# "address already in use".
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free 127.0.0.1 port not handed out before in this process."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no free port not handed out already")
 
 
 def free_port_pair() -> int:
@@ -34,13 +47,17 @@ def free_port_run(n: int) -> int:
     next port)."""
     for _ in range(200):
         port = free_port()
+        rest = range(port + 1, port + n)
+        if _HANDED_OUT.intersection(rest):
+            continue
         try:
             with contextlib.ExitStack() as stack:
-                for k in range(1, n):
+                for p in rest:
                     s = stack.enter_context(socket.socket())
-                    s.bind(("127.0.0.1", port + k))
+                    s.bind(("127.0.0.1", p))
         except OSError:
             continue
+        _HANDED_OUT.update(rest)
         return port
     raise RuntimeError(f"no run of {n} free ports")
 
