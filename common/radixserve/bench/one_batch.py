@@ -50,7 +50,12 @@ def add_one_batch_parser(sub: Any) -> None:
     p.add_argument(
         "--disable-weight-prepack",
         action="store_true",
-        help="CPU bf16: plain weights and F.linear instead of oneDNN-prepacked ones (an A/B)",
+        help="CPU bf16: plain weights and F.linear instead of weights packed at load (an A/B)",
+    )
+    p.add_argument(
+        "--disable-amx-gemm",
+        action="store_true",
+        help="CPU bf16: oneDNN projections instead of the AMX kernel (an A/B)",
     )
     p.add_argument(
         "--profile",
@@ -233,6 +238,7 @@ def run_one_batch(args: argparse.Namespace) -> int:
         disable_overlap_schedule=True,
         disable_fused_ops=args.disable_fused_ops,
         disable_weight_prepack=args.disable_weight_prepack,
+        disable_amx_gemm=args.disable_amx_gemm,
     )
     runner, vocab = engine.runner, engine.model_config.vocab_size
     rng = random.Random(args.seed)

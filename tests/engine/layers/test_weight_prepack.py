@@ -1,9 +1,12 @@
 """CPU bf16 weight prepacking (layers/parallel_linear.py) against F.linear on the plain weight.
 
-The oracle is torch's own F.linear on the weight before packing; the packed op runs the same
-oneDNN kernels, so results must be bit-identical, for every batch size (the layout is packed
-for one), strided inputs (the views the models pass) and empty batches. An end-to-end run of
-the real SmolLM2 engine with and without prepacking must produce the same greedy tokens.
+The oracle is torch's own F.linear on the weight before packing. Packed for oneDNN, the op
+runs the same oneDNN kernels, so results must be bit-identical, for every batch size (the
+layout is packed for one), strided inputs (the views the models pass) and empty batches.
+Packed for the AMX kernel, each output must lie within half a bfloat16 ulp of F.linear in
+float32 plus the float32 reordering bound (the kernel's own tests: tests/kernels). The real
+SmolLM2 engine must give the same greedy tokens packed for oneDNN as unpacked, and with the
+AMX kernel the same tokens on these prompts too.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from radixserve.engine.layers.parallel_linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
+from radixserve.kernels.cpu.amx_gemm import AmxWeight, load_amx_gemm
 
 pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"
@@ -31,53 +35,92 @@ def _filled(module: torch.nn.Module, seed: int, dtype: torch.dtype) -> torch.nn.
     return module
 
 
-@pytest.mark.parametrize("rows", [0, 1, 7, 32, 256, 700])
-def test_prepacked_projections_equal_f_linear_bit_for_bit(rows: int) -> None:
+def _layers(row_bias: bool = True) -> list[ColumnParallelLinear | RowParallelLinear]:
     single = GroupHandle.single()
-    layers = [
+    return [
         _filled(ColumnParallelLinear(64, [96, 96], False, single), 1, torch.bfloat16),
         _filled(QKVParallelLinear(64, 16, 4, 2, True, single), 2, torch.bfloat16),
-        _filled(RowParallelLinear(96, 64, True, single), 3, torch.bfloat16),
+        _filled(RowParallelLinear(96, 64, row_bias, single), 3, torch.bfloat16),
     ]
-    for layer in layers:
+
+
+def _expected(
+    layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    if isinstance(layer, RowParallelLinear):  # the bias is added after the reduction
+        return F.linear(x, weight) + bias if bias is not None else F.linear(x, weight)
+    return F.linear(x, weight, bias)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7, 32, 256, 700])
+def test_prepacked_projections_equal_f_linear_bit_for_bit(rows: int) -> None:
+    for layer in _layers():
         weight = layer.weight.data.clone()
         bias = layer.bias.data.clone() if layer.bias is not None else None
         wide = torch.randn(rows, weight.shape[1] + 5).to(torch.bfloat16)
         x = wide[:, : weight.shape[1]]  # a strided view, as a split projection hands over
-        if isinstance(layer, RowParallelLinear):  # the bias is added after the reduction
-            want = F.linear(x, weight) + bias if bias is not None else F.linear(x, weight)
-        else:
-            want = F.linear(x, weight, bias)
-        assert layer.prepack_cpu()
+        want = _expected(layer, x, weight, bias)
+        assert layer.prepack_cpu() == "onednn"
         assert layer.weight is None and layer.packed is not None
         assert torch.equal(layer(x), want)
-        assert not layer.prepack_cpu()  # once
+        assert layer.prepack_cpu() is None  # once
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7, 32, 256, 700])
+def test_amx_packed_projections_match_float32_f_linear(rows: int) -> None:
+    amx = load_amx_gemm()
+    if amx is None:
+        pytest.skip("this CPU has no AMX-BF16 (or Linux refused the tile state)")
+    # The row-parallel bias is added by torch after the reduction (a second rounding), so that
+    # layer goes without one here; the column layers' bias is the kernel's.
+    for layer in _layers(row_bias=False):
+        weight = layer.weight.data.clone()
+        bias = layer.bias.data.float() if layer.bias is not None else None
+        x = torch.randn(rows, weight.shape[1] + 5).to(torch.bfloat16)[:, : weight.shape[1]]
+        assert layer.prepack_cpu(amx) == "amx" and isinstance(layer.packed, AmxWeight)
+        want = F.linear(x.float(), weight.float(), bias)
+        spread = F.linear(x.float().abs(), weight.float().abs())
+        if bias is not None:
+            spread = spread + bias.abs()
+        bound = want.abs() * 2.0**-8 + spread * 2.0**-20 + 1e-30
+        assert bool(((layer(x).float() - want).abs() <= bound).all())
 
 
 def test_float32_and_released_weights_are_left_alone() -> None:
     layer = _filled(ColumnParallelLinear(8, [8], False, GroupHandle.single()), 4, torch.float32)
-    assert not layer.prepack_cpu() and layer.weight is not None  # bf16 only
+    assert layer.prepack_cpu(load_amx_gemm()) is None and layer.weight is not None  # bf16 only
     packed = _filled(RowParallelLinear(8, 8, False, GroupHandle.single()), 5, torch.bfloat16)
-    assert packed.prepack_cpu()
+    assert packed.prepack_cpu(load_amx_gemm()) == "onednn"  # 8 columns: not the AMX kernel's
     with pytest.raises(ValueError, match="prepacked"):
         packed.load_full(torch.zeros(8, 8), is_bias=False)
 
 
-def test_smollm2_greedy_tokens_are_the_same_with_and_without_prepacking() -> None:
+def test_smollm2_greedy_tokens_are_the_same_packed_and_unpacked() -> None:
     from radixserve.engine import EngineCore
     from tests.conftest import PROMPTS, SMOLLM
 
-    outputs = []
-    for disable in (False, True):
-        engine = EngineCore(
-            model_path=SMOLLM, max_total_tokens=2048, dtype="bfloat16",
-            disable_weight_prepack=disable,
-        )  # fmt: skip
+    amx = load_amx_gemm() is not None
+    runs = {  # name: (flags, the packed layout every projection must have)
+        "plain": ({"disable_weight_prepack": True}, None),
+        "onednn": ({"disable_amx_gemm": True}, torch.Tensor),
+        "default": ({}, AmxWeight if amx else torch.Tensor),
+    }
+    outputs = {}
+    for name, (flags, layout) in runs.items():
+        engine = EngineCore(model_path=SMOLLM, max_total_tokens=2048, dtype="bfloat16", **flags)
         try:
             params = {"temperature": 0.0, "max_new_tokens": 8}
-            outputs.append([engine.generate(p, params)["output_ids"] for p in PROMPTS[:3]])
-            projections = [m for m in engine.runner.model.modules() if hasattr(m, "packed")]
-            assert all((m.packed is not None) != disable for m in projections)
+            outputs[name] = [engine.generate(p, params)["output_ids"] for p in PROMPTS[:3]]
+            projections = [
+                m
+                for m in engine.runner.model.modules()
+                if isinstance(m, (ColumnParallelLinear, RowParallelLinear))
+            ]
+            if layout is None:
+                assert all(m.packed is None for m in projections)
+            else:
+                assert all(isinstance(m.packed, layout) for m in projections)
         finally:
             engine.shutdown()
-    assert outputs[0] == outputs[1]
+    assert outputs["onednn"] == outputs["plain"]
+    assert outputs["default"] == outputs["plain"]

@@ -69,9 +69,11 @@ class ServerArgs:
     # CPU (kernels/cpu/fused_ops.cpp), Triton on CUDA with the triton or flashinfer backend
     # (kernels/fused_ops.py; plus the fused MoE with triton); on keeps PyTorch (the oracle)
     disable_fused_ops: bool = False
-    # CPU bfloat16: projection weights prepacked once for oneDNN (layers/parallel_linear.py);
-    # off keeps plain weights and F.linear (the A/B)
+    # CPU bfloat16: projection weights packed once at load (layers/parallel_linear.py) for our
+    # AMX kernel where the CPU has AMX-BF16, else for oneDNN; off keeps plain weights and
+    # F.linear (the A/B). disable_amx_gemm packs for oneDNN even with AMX (the A/B of the kernel)
     disable_weight_prepack: bool = False
+    disable_amx_gemm: bool = False
     # CPU: leave the torch threads to the OS (none), or pin each scheduler process's threads
     # to its share of the allowed CPUs (auto) or to per-process groups "0-3|4-7"
     # (managers/cpu_binding.py; none is the default: measured no faster in serving here)

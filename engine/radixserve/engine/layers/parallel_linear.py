@@ -6,9 +6,13 @@ Runs in every scheduler process; with a TP group of size 1 these are the plain l
 Shard map of the fused q/k/v: rank r holds q heads [r·H/tp, (r+1)·H/tp) and KV heads
 [r·K/tp, …) when K ≥ tp, else the one KV head r // (tp/K) (replicated over tp/K ranks).
 
-On a CPU in bfloat16 the model runner prepacks each weight once into oneDNN's blocked layout
-(`prepack_cpu`), as torch inductor's CPU freezing and vLLM's CPU backend do: F.linear would
-otherwise reorder the weight on every call. Same oneDNN kernels, bit-identical results.
+On a CPU in bfloat16 the model runner packs each weight once at load (`prepack_cpu`): into
+the tile order of our AMX kernel (kernels/cpu/amx_gemm.cpp) where the CPU has AMX-BF16 and the
+shape fits, else into oneDNN's blocked layout, as torch inductor's CPU freezing and vLLM's CPU
+backend do (F.linear would reorder the weight on every call; same oneDNN kernels, bit-identical
+results). The AMX kernel reads the weights about twice as fast as oneDNN for decode batches
+(docs/benchmarks.md); it accumulates in float32 and rounds once, as oneDNN does, in another
+summation order.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from torch import nn
 
 from radixserve.engine.distributed import GroupHandle
 from radixserve.engine.model_loader.weight import Weight, read_slice, weight_shape
+from radixserve.kernels.cpu.amx_gemm import AmxGemm, AmxWeight
 
 # oneDNN picks its blocked layout for a batch size; one layout serves every batch. Measured
 # (docs/benchmarks.md): packed for 256 rows it is faster than per-call reordering from 1 to
@@ -37,32 +42,36 @@ def can_prepack(weight: torch.Tensor) -> bool:
     )
 
 
-def _linear(
-    x: torch.Tensor,
-    weight: torch.Tensor | None,
-    packed: torch.Tensor | None,
-    bias: torch.Tensor | None,
-) -> torch.Tensor:
-    if packed is not None:
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-    assert weight is not None, "weight released by prepack_cpu but no packed weight"
-    return F.linear(x, weight, bias)
-
-
 class _Prepackable(nn.Module):
-    """The prepacked-weight slot shared by both layers."""
+    """The packed-weight slot shared by both layers, and the projection through it."""
 
     weight: nn.Parameter | None
-    packed: torch.Tensor | None = None
+    packed: torch.Tensor | AmxWeight | None = None
+    amx: AmxGemm | None = None
 
-    def prepack_cpu(self) -> bool:
-        """Replace the weight by its oneDNN-prepacked copy (no second copy is kept: loading
-        is over). Returns False, changing nothing, where the weight cannot be packed."""
+    def prepack_cpu(self, amx: AmxGemm | None = None) -> str | None:
+        """Replace the weight by its packed copy, for `amx` where given and the shape fits,
+        else for oneDNN (no second copy is kept: loading is over). Returns the layout used,
+        "amx" or "onednn", or None, changing nothing, where the weight cannot be packed."""
         if self.weight is None or self.packed is not None or not can_prepack(self.weight):
-            return False
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.data, PACK_BATCH_HINT)
+            return None
+        amx_packed = amx.pack(self.weight.data) if amx is not None else None
+        if amx_packed is not None:
+            self.packed, self.amx, layout = amx_packed, amx, "amx"
+        else:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.data, PACK_BATCH_HINT)
+            layout = "onednn"
         self.register_parameter("weight", None)
-        return True
+        return layout
+
+    def _project(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if isinstance(self.packed, AmxWeight):
+            assert self.amx is not None, "an AMX-packed weight without its kernel"
+            return self.amx.linear(x, self.packed, bias)
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+        assert self.weight is not None, "weight released by prepack_cpu but no packed weight"
+        return F.linear(x, self.weight, bias)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +111,7 @@ class ColumnParallelLinear(_Prepackable):
         self.bias = nn.Parameter(torch.zeros(rows), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _linear(x, self.weight, self.packed, self.bias)
+        return self._project(x, self.bias)
 
     def load_shard(self, shard: int, w: Weight, is_bias: bool) -> None:
         """Copy this rank's rows of checkpoint projection `shard` (q/k/v, gate/up index)."""
@@ -152,7 +161,7 @@ class RowParallelLinear(_Prepackable):
         self.bias = nn.Parameter(torch.zeros(output_size), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.tp.all_reduce(_linear(x, self.weight, self.packed, None))
+        out = self.tp.all_reduce(self._project(x, None))
         return out + self.bias if self.bias is not None else out
 
     def load_full(self, w: Weight, is_bias: bool) -> None:

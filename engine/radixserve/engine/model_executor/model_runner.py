@@ -32,6 +32,7 @@ from radixserve.engine.layers.parallel_linear import (
     kv_head_layout,
 )
 from radixserve.engine.layers.rotary_embedding import RotaryEmbedding
+from radixserve.engine.layers.vocab_parallel import ParallelLMHead
 from radixserve.engine.mem_cache import MHATokenToKVPool, ReqToTokenPool, create_allocator
 from radixserve.engine.model_executor.cuda_graph_runner import (
     DEFAULT_MAX_BS as DEFAULT_GRAPH_MAX_BS,
@@ -41,6 +42,7 @@ from radixserve.engine.model_executor.forward_batch import ForwardBatch
 from radixserve.engine.model_loader.loader import LoadedModelFiles
 from radixserve.engine.models import get_model_class
 from radixserve.engine.models.base import CausalLM
+from radixserve.kernels.cpu.amx_gemm import load_amx_gemm
 from radixserve.kernels.cpu.fused_ops import load_fused_ops
 from radixserve.kernels.fused_ops_protocol import FusedMoeOps, FusedOps
 from radixserve.logging_setup import iter_progress
@@ -181,16 +183,27 @@ class ModelRunner:
         logger.info("fused_ops=%s fused_moe=%s", type(ops).__name__, type(moe).__name__)
 
     def _prepack_cpu_weights(self) -> None:
-        """CPU bfloat16: every projection's weight prepacked for oneDNN once (parallel_linear)."""
+        """CPU bfloat16: every projection's weight packed once, for the AMX kernel where it
+        runs, else for oneDNN (parallel_linear)."""
         if self.device.type != "cpu" or self.args.disable_weight_prepack:
             return
-        packed = [
-            m.prepack_cpu()
+        amx = None if self.args.disable_amx_gemm else load_amx_gemm()
+        layouts = [
+            m.prepack_cpu(amx)
             for m in self.model.modules()
             if isinstance(m, (ColumnParallelLinear, RowParallelLinear))
         ]
-        if any(packed):
-            logger.info("weight_prepack: %d of %d projections", sum(packed), len(packed))
+        heads = [
+            m.prepack_cpu(amx)
+            for m in self.model.modules()
+            if amx is not None and isinstance(m, ParallelLMHead)
+        ]
+        if any(layouts):
+            logger.info(
+                "weight_prepack: %d of %d projections (amx %d, onednn %d), lm_head amx %d",
+                sum(x is not None for x in layouts), len(layouts),
+                layouts.count("amx"), layouts.count("onednn"), sum(heads),
+            )  # fmt: skip
 
     def _create_backend(self) -> AttentionBackend:
         c, name = self.model_config, self.args.resolved_attention_backend

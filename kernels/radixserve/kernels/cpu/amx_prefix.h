@@ -15,12 +15,7 @@
 // Only whole 32-key blocks go on tiles; the remainder is attended with each row's own keys.
 #pragma once
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#define RADIXSERVE_AMX 1
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
+#include "amx_tiles.h"
 
 #include <cstdint>
 #include <cstring>
@@ -38,31 +33,6 @@ struct SharedPrefix {
 };
 
 #if defined(RADIXSERVE_AMX)
-// Linux enables a process's AMX tile state on request (ARCH_REQ_XCOMP_PERM for
-// XFEATURE_XTILEDATA); oneDNN asks too, and asking twice is harmless.
-inline bool amx_ready() {
-  static const bool ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  return ok;
-}
-
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Every tile 16 rows × 64 bytes. The config is per thread; the caller releases it after.
-inline void configure_tiles() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  _tile_loadconfig(&cfg);
-}
-
 // Packs keys [32b, 32b + 32) of head h of the prefix's K and V into the tile layouts (kb, vb:
 // the head's packed K and V, len * d elements each).
 inline void pack_prefix_block(const uint16_t* k, const uint16_t* v, const SharedPrefix& sp,

@@ -1,0 +1,117 @@
+"""bfloat16 projections on AMX tiles (`amx_gemm.cpp`) with tensor arguments.
+
+`load_amx_gemm()` builds (once, cached) and loads the library and returns None where the CPU
+has no AMX-BF16, no compiler is, or the build fails; the caller then keeps oneDNN. A weight is
+packed once (`pack`, at load) and multiplied by any number of rows (`linear`); the oracle in
+the tests is `F.linear` in float32 (`tests/kernels/test_cpu_amx_gemm.py`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from radixserve.kernels.cpu.build import KERNEL_DIR, load_library
+
+SOURCE = KERNEL_DIR / "amx_gemm.cpp"
+_P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_SIGNATURES: dict[str, list[Any]] = {
+    "radixserve_amx_gemm_available": [],
+    "radixserve_amx_pack": [_P, _I, _I, _I, _P, _C],
+    "radixserve_amx_linear": [_P, _I, _I, _P, _I, _I, _P, _P, _I, _C, _C],
+}
+
+
+@dataclass(frozen=True)
+class AmxWeight:
+    """A weight [n, k] in the kernel's tile order (`data`: n·k bfloat16 values)."""
+
+    data: torch.Tensor
+    n: int
+    k: int
+
+
+def packable(weight: torch.Tensor) -> bool:
+    """A CPU bfloat16 matrix whose shape the kernel takes (k % 32 == 0, n % 16 == 0)."""
+    return (
+        weight.is_cpu
+        and weight.dtype == torch.bfloat16
+        and weight.dim() == 2
+        and weight.stride(1) == 1
+        and weight.shape[0] % 16 == 0
+        and weight.shape[1] % 32 == 0
+        and weight.shape[0] > 0
+    )
+
+
+def _check(rc: int, name: str) -> None:
+    if rc != 0:
+        raise RuntimeError(f"{name} failed ({rc})")
+
+
+@dataclass(frozen=True)
+class AmxGemm:
+    """The library's functions (argtypes/restype set by `load_amx_gemm`)."""
+
+    lib: Any
+
+    def pack(self, weight: torch.Tensor) -> AmxWeight | None:
+        """The packed copy of weight [n, k], or None where its shape or dtype is not taken."""
+        if not packable(weight):
+            return None
+        n, k = weight.shape
+        data = torch.empty(n * k, dtype=torch.bfloat16)
+        rc = self.lib.radixserve_amx_pack(
+            weight.data_ptr(), n, k, weight.stride(0), data.data_ptr(), torch.get_num_threads()
+        )
+        _check(rc, "amx_pack")
+        return AmxWeight(data, n, k)
+
+    def linear(
+        self,
+        x: torch.Tensor,
+        w: AmxWeight,
+        bias: torch.Tensor | None = None,
+        out_dtype: torch.dtype = torch.bfloat16,
+    ) -> torch.Tensor:
+        """x [..., k] bfloat16 → x · Wᵀ (+ bias) [..., n] in out_dtype (bfloat16 or float32),
+        accumulated in float32 and rounded once."""
+        if x.dtype != torch.bfloat16 or not x.is_cpu or x.shape[-1] != w.k:
+            raise ValueError(f"amx linear takes CPU bfloat16 [..., {w.k}], got {x.dtype} {x.shape}")
+        if out_dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"amx linear writes bfloat16 or float32, not {out_dtype}")
+        if bias is not None and not (
+            bias.dtype == torch.bfloat16 and bias.is_contiguous() and bias.numel() == w.n
+        ):
+            raise ValueError(f"amx linear bias must be contiguous bfloat16 [{w.n}]")
+        rows = x.reshape(-1, w.k)
+        if rows.stride(1) != 1:
+            rows = rows.contiguous()
+        out = torch.empty((rows.shape[0], w.n), dtype=out_dtype)
+        rc = self.lib.radixserve_amx_linear(
+            rows.data_ptr(), rows.shape[0], rows.stride(0), w.data.data_ptr(), w.n, w.k,
+            bias.data_ptr() if bias is not None else None, out.data_ptr(), w.n,
+            int(out_dtype == torch.float32), torch.get_num_threads(),
+        )  # fmt: skip
+        _check(rc, "amx_linear")
+        return out.view(*x.shape[:-1], w.n)
+
+
+@functools.cache
+def load_amx_gemm() -> AmxGemm | None:
+    """The kernel, built or taken from the cache once per process; None where the CPU has no
+    AMX-BF16 (or Linux refused the tile state) or the library can't be built."""
+    lib = load_library(SOURCE, "AMX projections")
+    if lib is None:
+        return None
+    for name, argtypes in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype = ctypes.c_int
+        fn.argtypes = argtypes
+    if lib.radixserve_amx_gemm_available() != 1:
+        return None
+    return AmxGemm(lib)

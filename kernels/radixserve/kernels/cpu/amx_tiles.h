@@ -1,0 +1,42 @@
+// AMX basics shared by the kernels that use tiles (amx_prefix.h, amx_gemm.cpp).
+#pragma once
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define RADIXSERVE_AMX 1
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include <cstdint>
+
+namespace radixserve_cpu {
+
+#if defined(RADIXSERVE_AMX)
+// Linux enables a process's AMX tile state on request (ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA); oneDNN asks too, and asking twice is harmless.
+inline bool amx_ready() {
+  static const bool ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return ok;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Every tile 16 rows × 64 bytes. The config is per thread; the caller releases it after.
+inline void configure_tiles() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  _tile_loadconfig(&cfg);
+}
+#endif
+
+}  // namespace radixserve_cpu
