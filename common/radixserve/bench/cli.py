@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from radixserve.bench.cpu_gemm import add_cpu_gemm_parser
 from radixserve.bench.offline import add_offline_parser
 from radixserve.bench.one_batch import add_one_batch_parser
 from radixserve.bench.router import add_router_bench_parser
@@ -16,6 +17,7 @@ def add_bench_parser(sub: Any) -> None:
     bench_sub = p.add_subparsers(dest="bench", required=True)
     add_offline_parser(bench_sub)
     add_one_batch_parser(bench_sub)
+    add_cpu_gemm_parser(bench_sub)
     add_serving_parser(bench_sub)
     add_router_bench_parser(bench_sub)
     add_soak_parser(bench_sub)

@@ -102,7 +102,7 @@ void block(const Problem& p, int64_t nb, int64_t g, float* cbuf) {
     if (TWO) _tile_zero(3);
   }
   for (int64_t kb = 0; kb < kbs; ++kb) {
-    if (g == 0 && kb + kPrefetchAhead < kbs) {  // later row groups find the tiles in cache
+    if (kb + kPrefetchAhead < kbs) {  // from memory for the first row group, L2 for the rest
       prefetch_lines(b0 + (kb + kPrefetchAhead) * kTile);
       if (TWO) prefetch_lines(b1 + (kb + kPrefetchAhead) * kTile);
     }

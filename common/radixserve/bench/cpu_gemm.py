@@ -1,0 +1,122 @@
+"""`radixserve bench cpu-gemm`: a model's bf16 projections on the CPU, oneDNN against the AMX
+kernel (kernels/cpu/amx_gemm.cpp), side by side in one run.
+
+Every layer gets its own random weights (as many as the model has), so the weights come from
+memory as in a decode step rather than from cache. For each row count the two paths run in
+alternation, `--repeats` times each, so the machine's drift falls on both; the table gives the
+median time over all projections of all layers (+ the LM head), the weight bytes read per
+second, and the speed-up. A copy of 512 MiB first measures the memory bandwidth to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from radixserve.bench.report import print_table, write_json
+
+COLUMNS = ("rows", "onednn_ms", "amx_ms", "speedup", "onednn_gb_s", "amx_gb_s")
+
+
+def add_cpu_gemm_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "cpu-gemm",
+        help="bf16 projections of a model's shapes: oneDNN vs the AMX kernel (CPU)",
+    )
+    p.add_argument("--hidden", type=int, default=576, help="SmolLM2-135M's shapes by default")
+    p.add_argument("--intermediate", type=int, default=1536)
+    p.add_argument("--heads", type=int, default=9)
+    p.add_argument("--kv-heads", type=int, default=3)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--layers", type=int, default=30)
+    p.add_argument("--vocab", type=int, default=49152, help="LM head rows (0: none)")
+    p.add_argument("--rows", default="1,8,32,64,256", help="comma-separated batch rows")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--output-file", default="bench-results/cpu_gemm.json")
+    p.set_defaults(handler=run_cpu_gemm)
+
+
+def _shapes(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """(n, k) of one layer's projections: q/k/v, o, gate/up, down."""
+    h, d = args.hidden, args.head_dim
+    qkv = (args.heads + 2 * args.kv_heads) * d
+    return [(qkv, h), (args.heads * d, h), (2 * args.intermediate, h), (h, args.intermediate)]
+
+
+def _copy_gb_s() -> float:
+    a = torch.ones(2**28, dtype=torch.bfloat16)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    start = time.perf_counter()
+    for _ in range(5):
+        b.copy_(a)
+    return 2 * a.nbytes * 5 / (time.perf_counter() - start) / 1e9
+
+
+def _timed(fn: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def run_cpu_gemm(args: argparse.Namespace) -> int:
+    from radixserve.kernels.cpu.amx_gemm import load_amx_gemm
+
+    amx = load_amx_gemm()
+    if amx is None:
+        raise SystemExit("bench cpu-gemm: this CPU has no AMX-BF16 (or the kernel can't build)")
+    shapes = _shapes(args) * args.layers + ([(args.vocab, args.hidden)] if args.vocab else [])
+    print(f"[bench] packing {len(shapes)} weights twice (oneDNN and AMX) …", flush=True)
+    g = torch.Generator().manual_seed(0)
+    weights = [torch.randn(n, k, generator=g).to(torch.bfloat16) for n, k in shapes]
+    onednn = [torch.ops.mkldnn._reorder_linear_weight(w, 256) for w in weights]
+    packed = [amx.pack(w) for w in weights]
+    tiles = [t for t in packed if t is not None]
+    if len(tiles) != len(packed):
+        raise SystemExit("bench cpu-gemm: a shape the AMX kernel does not take (k % 32, n % 16)")
+    weight_bytes = sum(w.nbytes for w in weights)
+    del weights
+    bandwidth = _copy_gb_s()
+    rows_out = []
+    for rows in (int(r) for r in args.rows.split(",")):
+        xs = {k: torch.randn(rows, k, generator=g).to(torch.bfloat16) for _, k in shapes}
+
+        def run_onednn(xs: dict[int, torch.Tensor] = xs) -> None:
+            for (_, k), p in zip(shapes, onednn, strict=True):
+                torch.ops.mkldnn._linear_pointwise(xs[k], p, None, "none", [], "")
+
+        def run_amx(xs: dict[int, torch.Tensor] = xs) -> None:
+            for (_, k), t in zip(shapes, tiles, strict=True):
+                amx.linear(xs[k], t)
+
+        run_onednn()  # warm-up
+        run_amx()
+        a, b = [], []
+        for _ in range(args.repeats):
+            a.append(_timed(run_onednn))
+            b.append(_timed(run_amx))
+        ta, tb = statistics.median(a), statistics.median(b)
+        rows_out.append({
+            "rows": rows, "onednn_ms": ta * 1e3, "amx_ms": tb * 1e3, "speedup": ta / tb,
+            "onednn_gb_s": weight_bytes / ta / 1e9, "amx_gb_s": weight_bytes / tb / 1e9,
+        })  # fmt: skip
+    title = (
+        f"cpu gemm: {len(shapes)} bf16 weights, {weight_bytes / 2**20:.0f} MiB, "
+        f"{torch.get_num_threads()} threads; copy {bandwidth:.1f} GB/s (read + write)"
+    )
+    print_table(title, rows_out, COLUMNS)
+    write_json(
+        args.output_file,
+        {
+            "weight_bytes": weight_bytes,
+            "copy_gb_s": bandwidth,
+            "threads": torch.get_num_threads(),
+            "results": rows_out,
+        },
+    )
+    return 0

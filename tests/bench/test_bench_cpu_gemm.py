@@ -1,0 +1,40 @@
+"""`radixserve bench cpu-gemm` as a user runs it (the CLI in a subprocess) on small shapes: it
+prints its table and writes one JSON row per row count with both paths timed (no speed is
+asserted: speed lives in the benchmark's output), or, on a CPU without AMX, exits with a
+message saying so."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from radixserve.kernels.cpu.amx_gemm import load_amx_gemm
+
+SMALL = (
+    "--hidden", "64", "--intermediate", "96", "--heads", "4", "--kv-heads", "2",
+    "--head-dim", "16", "--layers", "2", "--vocab", "128", "--rows", "1,33", "--repeats", "2",
+)  # fmt: skip
+
+
+def test_bench_cpu_gemm_prints_and_writes_both_paths(tmp_path: Path) -> None:
+    out = tmp_path / "gemm.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "radixserve.cli", "bench", "cpu-gemm", *SMALL,
+         "--output-file", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    if load_amx_gemm() is None:
+        assert run.returncode != 0 and "no AMX-BF16" in run.stderr
+        return
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "onednn_ms" in run.stdout and "amx_ms" in run.stdout
+    report = json.loads(out.read_text())
+    # 2 layers x 4 projections (+ the LM head) of these shapes, in bf16
+    weights = 2 * (128 * 64 + 64 * 64 + 192 * 64 + 64 * 96) + 128 * 64
+    assert report["weight_bytes"] == 2 * weights
+    assert [r["rows"] for r in report["results"]] == [1, 33]
+    for row in report["results"]:
+        assert row["onednn_ms"] > 0 and row["amx_ms"] > 0
+        assert abs(row["speedup"] - row["onednn_ms"] / row["amx_ms"]) < 1e-9
