@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from radixserve.kernels.cpu.build import KERNEL_DIR, load_library
+from radixserve.kernels.cpu.build import KERNEL_DIR, bind, check_rc, load_library
 
 SOURCE = KERNEL_DIR / "amx_gemm.cpp"
 _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -48,11 +48,6 @@ def packable(weight: torch.Tensor) -> bool:
     )
 
 
-def _check(rc: int, name: str) -> None:
-    if rc != 0:
-        raise RuntimeError(f"{name} failed ({rc})")
-
-
 @dataclass(frozen=True)
 class AmxGemm:
     """The library's functions (argtypes/restype set by `load_amx_gemm`)."""
@@ -68,7 +63,7 @@ class AmxGemm:
         rc = self.lib.radixserve_amx_pack(
             weight.data_ptr(), n, k, weight.stride(0), data.data_ptr(), torch.get_num_threads()
         )
-        _check(rc, "amx_pack")
+        check_rc(rc, "amx_pack")
         return AmxWeight(data, n, k)
 
     def linear(
@@ -97,7 +92,7 @@ class AmxGemm:
             bias.data_ptr() if bias is not None else None, out.data_ptr(), w.n,
             int(out_dtype == torch.float32), torch.get_num_threads(),
         )  # fmt: skip
-        _check(rc, "amx_linear")
+        check_rc(rc, "amx_linear")
         return out.view(*x.shape[:-1], w.n)
 
 
@@ -108,10 +103,7 @@ def load_amx_gemm() -> AmxGemm | None:
     lib = load_library(SOURCE, "AMX projections")
     if lib is None:
         return None
-    for name, argtypes in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype = ctypes.c_int
-        fn.argtypes = argtypes
+    bind(lib, _SIGNATURES)
     if lib.radixserve_amx_gemm_available() != 1:
         return None
     return AmxGemm(lib)

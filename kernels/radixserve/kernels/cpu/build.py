@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -112,3 +113,19 @@ def load_library(source: Path, what: str) -> ctypes.CDLL | None:
         return None
     logger.info("kernels: %s loaded from %s", what, lib._name)
     return lib
+
+
+def bind(lib: ctypes.CDLL, signatures: dict[str, list[Any]]) -> None:
+    """Give each named function its argument types and an int result: every entry of these
+    libraries returns 0 or a negative error code (`check_rc`)."""
+    for name, argtypes in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype = ctypes.c_int
+        fn.argtypes = argtypes
+
+
+def check_rc(rc: int, name: str) -> None:
+    """Raise on an entry's error code (the arguments were checked before the call, so a
+    code here is a bug, not bad input)."""
+    if rc != 0:
+        raise RuntimeError(f"{name} failed ({rc})")

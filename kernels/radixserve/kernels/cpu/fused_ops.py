@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from radixserve.kernels.cpu.build import KERNEL_DIR, load_library
+from radixserve.kernels.cpu.build import KERNEL_DIR, bind, check_rc, load_library
 
 SOURCE = KERNEL_DIR / "fused_ops.cpp"
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
@@ -32,11 +32,6 @@ _SIGNATURES: dict[str, list[Any]] = {
 def _rows_ok(x: torch.Tensor) -> bool:
     """A CPU [rows, n] tensor of a supported dtype with a contiguous last dimension."""
     return x.is_cpu and x.dtype in DTYPE_CODES and x.dim() == 2 and x.stride(1) == 1
-
-
-def _check(rc: int, name: str) -> None:
-    if rc != 0:
-        raise RuntimeError(f"{name} failed ({rc})")
 
 
 @dataclass(frozen=True)
@@ -79,7 +74,7 @@ class CpuFusedOps:
             eps,
             torch.get_num_threads(),
         )
-        _check(rc, "rmsnorm")
+        check_rc(rc, "rmsnorm")
         return out, summed
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -97,7 +92,7 @@ class CpuFusedOps:
             x.stride(0),
             torch.get_num_threads(),
         )
-        _check(rc, "silu_and_mul")
+        check_rc(rc, "silu_and_mul")
         return out
 
     def rotary_(
@@ -123,7 +118,7 @@ class CpuFusedOps:
             cos.stride(0),
             torch.get_num_threads(),
         )
-        _check(rc, "rotary")
+        check_rc(rc, "rotary")
         return True
 
     def greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -138,7 +133,7 @@ class CpuFusedOps:
             logits.data_ptr(), rows, vocab, logits.stride(0), ids.data_ptr(),
             logprobs.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
-        _check(rc, "greedy")
+        check_rc(rc, "greedy")
         return ids, logprobs
 
 
@@ -168,8 +163,5 @@ def load_fused_ops() -> CpuFusedOps | None:
     lib = load_library(SOURCE, "CPU fused ops")
     if lib is None:
         return None
-    for name, argtypes in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype = ctypes.c_int
-        fn.argtypes = argtypes
+    bind(lib, _SIGNATURES)
     return CpuFusedOps(lib)
