@@ -14,11 +14,12 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from radixserve.bench.report import print_table, write_json
+
+if TYPE_CHECKING:
+    import torch
 
 COLUMNS = ("rows", "onednn_ms", "amx_ms", "speedup", "onednn_gb_s", "amx_gb_s")
 
@@ -49,6 +50,8 @@ def _shapes(args: argparse.Namespace) -> list[tuple[int, int]]:
 
 
 def _copy_gb_s() -> float:
+    import torch  # the CLI imports this module without torch (router/operator images)
+
     a = torch.ones(2**28, dtype=torch.bfloat16)
     b = torch.empty_like(a)
     b.copy_(a)
@@ -65,6 +68,8 @@ def _timed(fn: Callable[[], None]) -> float:
 
 
 def run_cpu_gemm(args: argparse.Namespace) -> int:
+    import torch
+
     from radixserve.kernels.cpu.amx_gemm import load_amx_gemm
 
     amx = load_amx_gemm()
