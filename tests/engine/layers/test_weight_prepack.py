@@ -21,6 +21,7 @@ from radixserve.engine.layers.parallel_linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
+from radixserve.engine.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 from radixserve.kernels.cpu.amx_gemm import AmxWeight, load_amx_gemm
 
 pytestmark = pytest.mark.skipif(
@@ -124,3 +125,26 @@ def test_smollm2_greedy_tokens_are_the_same_packed_and_unpacked() -> None:
             engine.shutdown()
     assert outputs["onednn"] == outputs["plain"]
     assert outputs["default"] == outputs["plain"]
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_amx_packed_lm_head_matches_f_linear_and_keeps_only_a_tied_matrix(tied: bool) -> None:
+    amx = load_amx_gemm()
+    if amx is None:
+        pytest.skip("this CPU has no AMX-BF16 (or Linux refused the tile state)")
+    single = GroupHandle.single()
+    embed = _filled(VocabParallelEmbedding(96, 64, single), 6, torch.bfloat16)
+    head = ParallelLMHead(96, 64, single, embed if tied else None)
+    if not tied:
+        head = _filled(head, 7, torch.bfloat16)
+    weight = head.weight.data.clone()
+    hidden = torch.randn(33, 64).to(torch.bfloat16)
+    assert head.prepack_cpu(amx) and not head.prepack_cpu(amx)  # once
+    want = F.linear(hidden.float(), weight.float())
+    bound = want.abs() * 2.0**-8 + F.linear(hidden.float().abs(), weight.float().abs()) * 2.0**-20
+    assert bool(((head(hidden).float() - want).abs() <= bound + 1e-30).all())
+    # tied: the embedding still reads the same matrix; untied: no second copy is kept
+    assert (head.weight is embed.weight) if tied else (head.weight is None)
+    assert torch.equal(embed(torch.tensor([0, 95])), embed.weight.data[[0, 95]])
+    with pytest.raises(ValueError, match="prepacked"):
+        head.load_full(torch.zeros(96, 64))

@@ -57,6 +57,7 @@ def load_vocab_rows(param: torch.Tensor, w: Weight, start: int, vocab_size: int)
 class ParallelLMHead(nn.Module):
     """hidden → full-vocabulary logits; `tie_to` shares the embedding's shard."""
 
+    weight: nn.Parameter | None
     packed: AmxWeight | None = None
     amx: AmxGemm | None = None
 
@@ -69,6 +70,7 @@ class ParallelLMHead(nn.Module):
     ) -> None:
         super().__init__()
         self.tp = tp
+        self.tied = tie_to is not None
         self.vocab_size = vocab_size
         num_local = padded_vocab_size(vocab_size, tp.size) // tp.size
         self.start = tp.rank * num_local
@@ -83,26 +85,29 @@ class ParallelLMHead(nn.Module):
             assert self.amx is not None, "an AMX-packed weight without its kernel"
             local = self.amx.linear(hidden, self.packed)
         else:
+            assert self.weight is not None, "weight released by prepack_cpu but not packed"
             local = F.linear(hidden, self.weight)
         if self.tp.size == 1:
             return local
         return self.tp.all_gather(local, dim=-1)[:, : self.vocab_size]
 
     def load_full(self, w: Weight, is_bias: bool = False) -> None:
-        if self.packed is not None:
+        if self.packed is not None or self.weight is None:
             raise ValueError("the weight was prepacked: load before prepack_cpu")
         load_vocab_rows(self.weight, w, self.start, self.vocab_size)
 
     def prepack_cpu(self, amx: AmxGemm) -> bool:
         """Multiply through a copy of the weight packed for the AMX kernel (CPU bfloat16),
         which reads it about twice as fast as F.linear for decode batches (docs/benchmarks.md)
-        with the same float32 accumulation. The weight stays, as the embedding's when tied (one
-        more vocab × hidden matrix in memory then), and loading is over. Returns False,
-        changing nothing, where the kernel does not take the weight."""
-        if self.packed is not None:
+        with the same float32 accumulation. Loading is over: an untied weight is released (no
+        second copy); a tied one stays, as the embedding's (one more vocab × hidden matrix in
+        memory then). Returns False, changing nothing, where the kernel does not take it."""
+        if self.packed is not None or self.weight is None:
             return False
         packed = amx.pack(self.weight.data)
         if packed is None:
             return False
         self.packed, self.amx = packed, amx
+        if not self.tied:
+            self.register_parameter("weight", None)
         return True
