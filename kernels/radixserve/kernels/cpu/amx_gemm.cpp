@@ -1,10 +1,11 @@
 // Projections y = x · Wᵀ (+ b) in bfloat16 on AMX tiles, with W packed once at load.
 //
 // Why not oneDNN: its prepacked matmul read SmolLM2's projection weights at 6–7 GB/s for a
-// decode batch of 32 rows here, where a copy moves 23 GB/s (docs/benchmarks.md). A decode step
-// is memory-bound on the weights, so this kernel streams each weight once per call, in the
-// order the tiles are multiplied, with the next tiles prefetched; at 32 rows it reads them at
-// about twice oneDNN's rate, and for prefill-sized inputs it is no slower.
+// decode batch of 32 rows here, where a copy moves 19–23 GB/s (docs/benchmarks.md). A decode
+// step is bound by those reads, so this kernel streams each weight once per call, in the order
+// the tiles are multiplied, with the next tiles prefetched: at 1 to 32 rows it reads them at
+// 1.7–1.9× oneDNN's rate; from 64 rows on the tile multiplies set the pace and the two are
+// within a few percent of each other.
 //
 // Packed layout (radixserve_amx_pack): tiles of 16 rows × 64 bytes, ordered [N/16][K/32]: tile
 // (nb, kb) row i holds, for each of the block's 16 output columns c, W[16nb + c][32kb + 2i] and
