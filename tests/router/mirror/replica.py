@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -59,6 +60,10 @@ class Replica:
     ) -> None:
         self.cache = make_cache(page_size, pool)
         self.pub = ZmqKVEventPublisher(host, port, **publisher)
+        # A scenario that fails before close() leaves the publisher to the garbage collector,
+        # and pyzmq's Context.__del__ then waits in term() forever for sockets it did not
+        # close (it hung a whole fresh-clone run after one failed test): close it then.
+        self._close_publisher = weakref.finalize(self, self.pub.close)
         self.kv = KVEndpoint(0, self.pub.endpoint, self.pub.replay_endpoint)
         self._server: asyncio.Task[None] | None = None
 
@@ -88,7 +93,7 @@ class Replica:
             self._server.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._server
-        self.pub.close()
+        self._close_publisher()  # once: a second call does nothing
 
 
 Poke = Callable[[], None] | None
