@@ -11,8 +11,8 @@ the tile order of our AMX kernel (kernels/cpu/amx_gemm.cpp) where the CPU has AM
 shape fits, else into oneDNN's blocked layout, as torch inductor's CPU freezing and vLLM's CPU
 backend do (F.linear would reorder the weight on every call; same oneDNN kernels, bit-identical
 results). The AMX kernel reads the weights about twice as fast as oneDNN for decode batches
-(docs/benchmarks.md); it accumulates in float32 and rounds once, as oneDNN does, in another
-summation order.
+(docs/benchmarks.md); it accumulates in float32 and rounds once, as oneDNN does, and for
+decode shapes in oneDNN's order (bit-identical outputs measured; tests hold it to a bound).
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ class _Prepackable(nn.Module):
 
     weight: nn.Parameter | None
     packed: torch.Tensor | AmxWeight | None = None
-    amx: AmxGemm | None = None
 
     def prepack_cpu(self, amx: AmxGemm | None = None) -> str | None:
         """Replace the weight by its packed copy, for `amx` where given and the shape fits,
@@ -57,7 +56,7 @@ class _Prepackable(nn.Module):
             return None
         amx_packed = amx.pack(self.weight.data) if amx is not None else None
         if amx_packed is not None:
-            self.packed, self.amx, layout = amx_packed, amx, "amx"
+            self.packed, layout = amx_packed, "amx"
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.data, PACK_BATCH_HINT)
             layout = "onednn"
@@ -66,8 +65,7 @@ class _Prepackable(nn.Module):
 
     def _project(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if isinstance(self.packed, AmxWeight):
-            assert self.amx is not None, "an AMX-packed weight without its kernel"
-            return self.amx.linear(x, self.packed, bias)
+            return self.packed.linear(x, bias)
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
         assert self.weight is not None, "weight released by prepack_cpu but no packed weight"

@@ -59,7 +59,6 @@ class ParallelLMHead(nn.Module):
 
     weight: nn.Parameter | None
     packed: AmxWeight | None = None
-    amx: AmxGemm | None = None
 
     def __init__(
         self,
@@ -82,8 +81,7 @@ class ParallelLMHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [B, hidden] → logits [B, vocab] (all-gathered over the group)."""
         if self.packed is not None:
-            assert self.amx is not None, "an AMX-packed weight without its kernel"
-            local = self.amx.linear(hidden, self.packed)
+            local = self.packed.linear(hidden)
         else:
             assert self.weight is not None, "weight released by prepack_cpu but not packed"
             local = F.linear(hidden, self.weight)
@@ -107,7 +105,7 @@ class ParallelLMHead(nn.Module):
         packed = amx.pack(self.weight.data)
         if packed is None:
             return False
-        self.packed, self.amx = packed, amx
+        self.packed = packed
         if not self.tied:
             self.register_parameter("weight", None)
         return True

@@ -188,21 +188,18 @@ class ModelRunner:
         if self.device.type != "cpu" or self.args.disable_weight_prepack:
             return
         amx = None if self.args.disable_amx_gemm else load_amx_gemm()
-        layouts = [
-            m.prepack_cpu(amx)
-            for m in self.model.modules()
-            if isinstance(m, (ColumnParallelLinear, RowParallelLinear))
-        ]
-        heads = [
-            m.prepack_cpu(amx)
-            for m in self.model.modules()
-            if amx is not None and isinstance(m, ParallelLMHead)
-        ]
+        layouts: list[str | None] = []
+        heads = 0
+        for m in self.model.modules():
+            if isinstance(m, (ColumnParallelLinear, RowParallelLinear)):
+                layouts.append(m.prepack_cpu(amx))
+            elif amx is not None and isinstance(m, ParallelLMHead):
+                heads += m.prepack_cpu(amx)
         if any(layouts):
             logger.info(
                 "weight_prepack: %d of %d projections (amx %d, onednn %d), lm_head amx %d",
                 sum(x is not None for x in layouts), len(layouts),
-                layouts.count("amx"), layouts.count("onednn"), sum(heads),
+                layouts.count("amx"), layouts.count("onednn"), heads,
             )  # fmt: skip
 
     def _create_backend(self) -> AttentionBackend:

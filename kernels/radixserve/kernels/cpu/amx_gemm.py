@@ -28,11 +28,20 @@ _SIGNATURES: dict[str, list[Any]] = {
 
 @dataclass(frozen=True)
 class AmxWeight:
-    """A weight [n, k] in the kernel's tile order (`data`: n·k bfloat16 values)."""
+    """A weight [n, k] in the kernel's tile order (`data`: n·k bfloat16 values), with the
+    kernel that packed it (`linear` multiplies through it)."""
 
     data: torch.Tensor
     n: int
     k: int
+    kernel: AmxGemm
+
+    def linear(
+        self, x: torch.Tensor, bias: torch.Tensor | None = None,
+        out_dtype: torch.dtype = torch.bfloat16,
+    ) -> torch.Tensor:  # fmt: skip
+        """x [..., k] → x · Wᵀ (+ bias): `AmxGemm.linear` with this weight."""
+        return self.kernel.linear(x, self, bias, out_dtype)
 
 
 def packable(weight: torch.Tensor) -> bool:
@@ -64,7 +73,7 @@ class AmxGemm:
             weight.data_ptr(), n, k, weight.stride(0), data.data_ptr(), torch.get_num_threads()
         )
         check_rc(rc, "amx_pack")
-        return AmxWeight(data, n, k)
+        return AmxWeight(data, n, k, self)
 
     def linear(
         self,
