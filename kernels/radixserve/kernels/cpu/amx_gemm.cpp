@@ -161,13 +161,7 @@ void run(const Problem& p, int num_threads) {
 extern "C" {
 
 // 1 where the CPU and the kernel have AMX-BF16 and Linux granted the tile state, else 0.
-int radixserve_amx_gemm_available() {
-#if defined(RADIXSERVE_AMX)
-  return amx_ready() ? 1 : 0;
-#else
-  return 0;
-#endif
-}
+int radixserve_amx_gemm_available() { return amx_available(); }
 
 // w [n, k] bf16 row-major (row stride ldw) into `out` (n·k bf16) in the packed layout.
 // Returns 0, or -2 for a shape the kernel does not take.

@@ -39,4 +39,13 @@ inline void configure_tiles() {
 }
 #endif
 
+// 1 where this build and process can use the tiles, else 0 (the libraries' *_available).
+inline int amx_available() {
+#if defined(RADIXSERVE_AMX)
+  return amx_ready() ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
 }  // namespace radixserve_cpu

@@ -395,13 +395,7 @@ int radixserve_store_kv(int64_t elem_size, const void* k, const void* v, int64_t
 }
 
 // 1 where this build and process can run the shared-prefix path (AMX tiles), else 0.
-int radixserve_paged_attention_has_shared() {
-#if defined(RADIXSERVE_AMX)
-  return amx_ready() ? 1 : 0;
-#else
-  return 0;
-#endif
-}
+int radixserve_paged_attention_has_shared() { return amx_available(); }
 
 // As radixserve_paged_attention (bfloat16 only), where the query rows `members` (n of them)
 // all start with the `prefix_len` slots `prefix_slots` (a multiple of 32). Returns 0; -2 where
