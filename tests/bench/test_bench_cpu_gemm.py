@@ -38,3 +38,18 @@ def test_bench_cpu_gemm_prints_and_writes_both_paths(tmp_path: Path) -> None:
     for row in report["results"]:
         assert row["onednn_ms"] > 0 and row["amx_ms"] > 0
         assert abs(row["speedup"] - row["onednn_ms"] / row["amx_ms"]) < 1e-9
+
+
+def test_bench_cpu_gemm_rejects_bad_arguments_with_a_cli_error(tmp_path: Path) -> None:
+    for flags, message in (
+        (("--rows", "1,x"), "argument --rows: must be a whole number >= 1, got 'x'"),
+        (("--rows", "32,0"), "argument --rows: must be a whole number >= 1, got '0'"),
+        (("--layers", "0"), "argument --layers: must be a whole number >= 1"),
+        (("--vocab", "-3"), "argument --vocab: must be a whole number >= 0"),
+    ):
+        run = subprocess.run(
+            [sys.executable, "-m", "radixserve.cli", "bench", "cpu-gemm", *flags],
+            capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        )  # fmt: skip
+        assert run.returncode == 2 and message in run.stderr, run.stderr[-2000:]
+        assert "Traceback" not in run.stderr

@@ -24,20 +24,47 @@ if TYPE_CHECKING:
 COLUMNS = ("rows", "onednn_ms", "amx_ms", "speedup", "onednn_gb_s", "amx_gb_s")
 
 
+def _whole(text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= {minimum}, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    """A CLI count or size: a whole number ≥ 1."""
+    return _whole(text, 1)
+
+
+def _vocab(text: str) -> int:
+    """--vocab: LM head rows, 0 for none."""
+    return _whole(text, 0)
+
+
+def _row_counts(text: str) -> list[int]:
+    """--rows: comma-separated row counts, each ≥ 1."""
+    return [_positive(part.strip()) for part in text.split(",")]
+
+
 def add_cpu_gemm_parser(sub: Any) -> None:
     p = sub.add_parser(
         "cpu-gemm",
         help="bf16 projections of a model's shapes: oneDNN vs the AMX kernel (CPU)",
     )
-    p.add_argument("--hidden", type=int, default=576, help="SmolLM2-135M's shapes by default")
-    p.add_argument("--intermediate", type=int, default=1536)
-    p.add_argument("--heads", type=int, default=9)
-    p.add_argument("--kv-heads", type=int, default=3)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--layers", type=int, default=30)
-    p.add_argument("--vocab", type=int, default=49152, help="LM head rows (0: none)")
-    p.add_argument("--rows", default="1,8,32,64,256", help="comma-separated batch rows")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--hidden", type=_positive, default=576, help="SmolLM2-135M's shapes by default")
+    p.add_argument("--intermediate", type=_positive, default=1536)
+    p.add_argument("--heads", type=_positive, default=9)
+    p.add_argument("--kv-heads", type=_positive, default=3)
+    p.add_argument("--head-dim", type=_positive, default=64)
+    p.add_argument("--layers", type=_positive, default=30)
+    p.add_argument("--vocab", type=_vocab, default=49152, help="LM head rows (0: none)")
+    p.add_argument(
+        "--rows", type=_row_counts, default=[1, 8, 32, 64, 256], help="comma-separated batch rows"
+    )
+    p.add_argument("--repeats", type=_positive, default=5)
     p.add_argument("--output-file", default="bench-results/cpu_gemm.json")
     p.set_defaults(handler=run_cpu_gemm)
 
@@ -88,7 +115,7 @@ def run_cpu_gemm(args: argparse.Namespace) -> int:
     del weights
     bandwidth = _copy_gb_s()
     rows_out = []
-    for rows in (int(r) for r in args.rows.split(",")):
+    for rows in args.rows:
         xs = {k: torch.randn(rows, k, generator=g).to(torch.bfloat16) for _, k in shapes}
 
         def run_onednn(xs: dict[int, torch.Tensor] = xs) -> None:
