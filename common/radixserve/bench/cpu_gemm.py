@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -97,11 +98,12 @@ def _timed(fn: Callable[[], None]) -> float:
 def run_cpu_gemm(args: argparse.Namespace) -> int:
     import torch
 
-    from radixserve.kernels.cpu.amx_gemm import load_amx_gemm
+    from radixserve.kernels.cpu.amx_gemm import build_amx_gemm
 
-    amx = load_amx_gemm()
-    if amx is None:
-        raise SystemExit("bench cpu-gemm: this CPU has no AMX-BF16 (or the kernel can't build)")
+    try:
+        amx = build_amx_gemm()
+    except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+        raise SystemExit(f"bench cpu-gemm: the AMX kernel can't run here: {exc}") from exc
     shapes = _shapes(args) * args.layers + ([(args.vocab, args.hidden)] if args.vocab else [])
     print(f"[bench] packing {len(shapes)} weights twice (oneDNN and AMX) …", flush=True)
     g = torch.Generator().manual_seed(0)

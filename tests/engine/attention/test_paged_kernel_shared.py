@@ -3,8 +3,9 @@ against attention computed in float32 by PyTorch on the same bf16 K/V.
 
 Rows may be strided views (as q arrives from the fused qkv projection), members may be any
 subset of the rows, own keys after the prefix may be none or a few, and the non-members go
-through the plain path in the same call. Skips where the CPU or the build has no AMX (the
-engine then keeps the plain kernel: `shared_fn` is None).
+through the plain path in the same call. Skips only where the CPU has no AMX-BF16 (the engine
+then keeps the plain kernel: `shared_fn` is None); where it has, a kernel that does not build,
+or builds without the shared entry, fails them (`tests/kernels/amx.py`).
 """
 
 from __future__ import annotations
@@ -12,15 +13,28 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixserve.engine.attention.paged_cpu import SHARED_BLOCK, load_paged_kernel
-from radixserve.engine.attention.shared_prefix import find_decode_prefix
-
-KERNEL = load_paged_kernel()
-needs_amx = pytest.mark.skipif(
-    KERNEL is None or KERNEL.shared_fn is None, reason="no AMX (or no compiler) here"
+from radixserve.engine.attention.paged_cpu import (
+    SHARED_BLOCK,
+    SOURCE,
+    PagedAttentionKernel,
+    load_paged_kernel,
 )
+from radixserve.engine.attention.shared_prefix import find_decode_prefix
+from radixserve.kernels.cpu.build import open_library
+from tests.kernels.amx import skip_without_amx
+
 # bf16 outputs of magnitude ≤ ~2 (half a step: 2^-8) plus the bf16-rounded probabilities
 ATOL = 8e-3
+
+
+@pytest.fixture(scope="module")
+def kernel() -> PagedAttentionKernel:
+    """The paged kernel with its AMX shared-prefix entry."""
+    skip_without_amx()
+    open_library(SOURCE)  # raises with the compiler's error where the build fails
+    loaded = load_paged_kernel()
+    assert loaded is not None and loaded.shared_fn is not None, "built without the AMX entry"
+    return loaded
 
 
 def reference(q, k, v, slots, lens, scale):  # type: ignore[no-untyped-def]
@@ -56,48 +70,46 @@ def make_case(rows: int, prefix: int, hq: int, hkv: int, d: int, own_max: int, s
     return q, k, v, slots, lens
 
 
-@needs_amx
 @pytest.mark.parametrize(
     ("hq", "hkv", "d"), [(9, 3, 64), (4, 4, 64), (8, 4, 64), (8, 1, 64), (8, 2, 128), (4, 1, 128)]
 )
 @pytest.mark.parametrize("members", ["all", "some"])
-def test_shared_prefix_matches_float32_attention(hq: int, hkv: int, d: int, members: str) -> None:
-    assert KERNEL is not None
+def test_shared_prefix_matches_float32_attention(
+    kernel: PagedAttentionKernel, hq: int, hkv: int, d: int, members: str
+) -> None:
     rows, prefix = 11, 3 * SHARED_BLOCK
     q, k, v, slots, lens = make_case(rows, prefix, hq, hkv, d, own_max=120, seed=hq * d + hkv)
     lens[0] = prefix  # a member with no keys of its own after the prefix
     picked = torch.arange(rows) if members == "all" else torch.tensor([0, 2, 3, 5, 8, 10])
     scale = d**-0.5
     kv_row = torch.arange(rows)
-    got = KERNEL.shared(q, k, v, slots, kv_row, lens, scale, slots[0, :prefix].clone(), picked)
+    got = kernel.shared(q, k, v, slots, kv_row, lens, scale, slots[0, :prefix].clone(), picked)
     assert got is not None
     want = reference(q, k, v, slots, lens, scale)
     torch.testing.assert_close(got.float(), want, atol=ATOL, rtol=0)
     # and the plain kernel gives the same answer to bf16 rounding
-    plain = KERNEL(q, k, v, slots, kv_row, lens, scale)
+    plain = kernel(q, k, v, slots, kv_row, lens, scale)
     torch.testing.assert_close(got.float(), plain.float(), atol=ATOL, rtol=0)
 
 
-@needs_amx
-def test_a_member_that_does_not_share_the_prefix_is_an_error() -> None:
-    assert KERNEL is not None
+def test_a_member_that_does_not_share_the_prefix_is_an_error(
+    kernel: PagedAttentionKernel,
+) -> None:
     q, k, v, slots, lens = make_case(6, 2 * SHARED_BLOCK, 9, 3, 64, own_max=8, seed=1)
     slots[4, 7] = slots[4, -1]  # row 4's prefix differs in one slot
     with pytest.raises(RuntimeError, match="shared prefix"):
-        KERNEL.shared(
+        kernel.shared(
             q, k, v, slots, torch.arange(6), lens, 0.125, slots[0, :64].clone(), torch.arange(6)
         )
 
 
-@needs_amx
-def test_unsupported_layouts_fall_back() -> None:
+def test_unsupported_layouts_fall_back(kernel: PagedAttentionKernel) -> None:
     """float32, or a prefix that is not whole blocks: None (the caller runs the plain path)."""
-    assert KERNEL is not None
     q, k, v, slots, lens = make_case(4, 2 * SHARED_BLOCK, 9, 3, 64, own_max=4, seed=2)
     rows, prefix = torch.arange(4), slots[0, :64].clone()
     qf, kf, vf = q.float(), k.float(), v.float()
-    assert KERNEL.shared(qf, kf, vf, slots, rows, lens, 0.1, prefix, rows) is None
-    assert KERNEL.shared(q, k, v, slots, rows, lens, 0.1, prefix[:40].clone(), rows) is None
+    assert kernel.shared(qf, kf, vf, slots, rows, lens, 0.1, prefix, rows) is None
+    assert kernel.shared(q, k, v, slots, rows, lens, 0.1, prefix[:40].clone(), rows) is None
 
 
 def test_find_decode_prefix_takes_the_largest_sharing_group() -> None:

@@ -6,7 +6,9 @@ layout is packed for one), strided inputs (the views the models pass) and empty 
 Packed for the AMX kernel, each output must lie within half a bfloat16 ulp of F.linear in
 float32 plus the float32 reordering bound (the kernel's own tests: tests/kernels). The real
 SmolLM2 engine must give the same greedy tokens packed for oneDNN as unpacked, and with the
-AMX kernel the same tokens on these prompts too.
+AMX kernel the same tokens on these prompts too. The AMX cases skip only where the CPU has no
+AMX-BF16 (the oneDNN ones run everywhere); where it has, a kernel that does not build fails
+them (`tests/kernels/amx.py`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from radixserve.engine.layers.parallel_linear import (
     RowParallelLinear,
 )
 from radixserve.engine.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
-from radixserve.kernels.cpu.amx_gemm import AmxWeight, load_amx_gemm
+from radixserve.kernels.cpu.amx_gemm import AmxWeight
+from tests.kernels.amx import amx_gemm_or_none, amx_gemm_or_skip
 
 pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"
@@ -69,9 +72,7 @@ def test_prepacked_projections_equal_f_linear_bit_for_bit(rows: int) -> None:
 
 @pytest.mark.parametrize("rows", [0, 1, 7, 32, 256, 700])
 def test_amx_packed_projections_match_float32_f_linear(rows: int) -> None:
-    amx = load_amx_gemm()
-    if amx is None:
-        pytest.skip("this CPU has no AMX-BF16 (or Linux refused the tile state)")
+    amx = amx_gemm_or_skip()
     # The row-parallel bias is added by torch after the reduction (a second rounding), so that
     # layer goes without one here; the column layers' bias is the kernel's.
     for layer in _layers(row_bias=False):
@@ -87,11 +88,13 @@ def test_amx_packed_projections_match_float32_f_linear(rows: int) -> None:
         assert bool(((layer(x).float() - want).abs() <= bound).all())
 
 
-def test_float32_and_released_weights_are_left_alone() -> None:
+@pytest.mark.parametrize("with_amx", [False, True], ids=["onednn", "amx"])
+def test_float32_and_released_weights_are_left_alone(with_amx: bool) -> None:
+    amx = amx_gemm_or_skip() if with_amx else None
     layer = _filled(ColumnParallelLinear(8, [8], False, GroupHandle.single()), 4, torch.float32)
-    assert layer.prepack_cpu(load_amx_gemm()) is None and layer.weight is not None  # bf16 only
+    assert layer.prepack_cpu(amx) is None and layer.weight is not None  # bf16 only
     packed = _filled(RowParallelLinear(8, 8, False, GroupHandle.single()), 5, torch.bfloat16)
-    assert packed.prepack_cpu(load_amx_gemm()) == "onednn"  # 8 columns: not the AMX kernel's
+    assert packed.prepack_cpu(amx) == "onednn"  # 8 columns: not the AMX kernel's
     with pytest.raises(ValueError, match="prepacked"):
         packed.load_full(torch.zeros(8, 8), is_bias=False)
 
@@ -100,7 +103,7 @@ def test_smollm2_greedy_tokens_are_the_same_packed_and_unpacked() -> None:
     from radixserve.engine import EngineCore
     from tests.conftest import PROMPTS, SMOLLM
 
-    amx = load_amx_gemm() is not None
+    amx = amx_gemm_or_none() is not None  # where the CPU has AMX-BF16 it must build
     runs = {  # name: (flags, the packed layout every projection must have)
         "plain": ({"disable_weight_prepack": True}, None),
         "onednn": ({"disable_amx_gemm": True}, torch.Tensor),
@@ -129,9 +132,7 @@ def test_smollm2_greedy_tokens_are_the_same_packed_and_unpacked() -> None:
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_amx_packed_lm_head_matches_f_linear_and_keeps_only_a_tied_matrix(tied: bool) -> None:
-    amx = load_amx_gemm()
-    if amx is None:
-        pytest.skip("this CPU has no AMX-BF16 (or Linux refused the tile state)")
+    amx = amx_gemm_or_skip()
     single = GroupHandle.single()
     embed = _filled(VocabParallelEmbedding(96, 64, single), 6, torch.bfloat16)
     head = ParallelLMHead(96, 64, single, embed if tied else None)

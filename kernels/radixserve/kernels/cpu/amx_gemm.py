@@ -1,21 +1,27 @@
 """bfloat16 projections on AMX tiles (`amx_gemm.cpp`) with tensor arguments.
 
 `load_amx_gemm()` builds (once, cached) and loads the library and returns None where the CPU
-has no AMX-BF16, no compiler is, or the build fails; the caller then keeps oneDNN. A weight is
-packed once (`pack`, at load) and multiplied by any number of rows (`linear`); the oracle in
-the tests is `F.linear` in float32 (`tests/kernels/test_cpu_amx_gemm.py`).
+has no AMX-BF16 (logged at info), no compiler is, or the build fails (logged as a warning with
+the compiler's error); the caller then keeps oneDNN. `build_amx_gemm()` raises instead, naming
+which (the tests and the benchmark call it). A weight is packed once (`pack`, at load) and
+multiplied by any number of rows (`linear`); the oracle in the tests is `F.linear` in float32
+(`tests/kernels/test_cpu_amx_gemm.py`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import logging
+import subprocess
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from radixserve.kernels.cpu.build import KERNEL_DIR, bind, check_rc, load_library
+from radixserve.kernels.cpu.build import KERNEL_DIR, bind, check_rc, open_library
+
+logger = logging.getLogger(__name__)
 
 SOURCE = KERNEL_DIR / "amx_gemm.cpp"
 _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -105,14 +111,35 @@ class AmxGemm:
         return out.view(*x.shape[:-1], w.n)
 
 
-@functools.cache
-def load_amx_gemm() -> AmxGemm | None:
-    """The kernel, built or taken from the cache once per process; None where the CPU has no
-    AMX-BF16 (or Linux refused the tile state) or the library can't be built."""
-    lib = load_library(SOURCE, "AMX projections")
-    if lib is None:
-        return None
+class AmxUnavailableError(RuntimeError):
+    """The library built and loaded, but gives no AMX tiles here."""
+
+
+def build_amx_gemm() -> AmxGemm:
+    """The kernel, built or taken from the cache, loaded. Raises where it can't run: OSError or
+    KernelBuildError (no compiler; the compiler's error) from `open_library`, and
+    AmxUnavailableError where the library loads but has no tiles (a CPU without AMX-BF16, a
+    compiler that did not target it, or Linux refused the tile state)."""
+    lib = open_library(SOURCE)
     bind(lib, _SIGNATURES)
     if lib.radixserve_amx_gemm_available() != 1:
-        return None
+        raise AmxUnavailableError(
+            "the AMX projection library reports no tiles: no AMX-BF16 on this CPU, a compiler"
+            " that did not target it (-march=native), or Linux refused the tile state"
+        )
     return AmxGemm(lib)
+
+
+@functools.cache
+def load_amx_gemm() -> AmxGemm | None:
+    """`build_amx_gemm` once per process, or None where it raises (the caller keeps oneDNN)."""
+    try:
+        amx = build_amx_gemm()
+    except AmxUnavailableError as exc:
+        logger.info("kernels: AMX projections unavailable, using oneDNN: %s", exc)
+        return None
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.warning("kernels: AMX projections failed to build or load, using oneDNN: %s", exc)
+        return None
+    logger.info("kernels: AMX projections loaded from %s", amx.lib._name)
+    return amx

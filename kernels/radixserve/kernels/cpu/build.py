@@ -5,8 +5,8 @@ once per source/flags/compiler/CPU: the `.so` lands in a cache folder under a co
 written atomically, with a file lock so that parallel test processes build it once. A library
 shares torch's OpenMP runtime (torch ships `libgomp.so.1` and the library asks for that
 soname), so `torch.set_num_threads` rules both. Without a compiler, or when a build fails,
-`load_library` returns None and the caller keeps its PyTorch path (which is also the kernel's
-test oracle).
+`load_library` returns None (a warning carries the compiler's error) and the caller keeps its
+PyTorch path (which is also the kernel's test oracle); `open_library` raises instead.
 """
 
 from __future__ import annotations
@@ -31,6 +31,10 @@ KERNEL_DIR = Path(__file__).parent  # the .cpp sources and the headers they shar
 # would pull in crtfastmath.o, which turns on flush-to-zero for the whole process.
 COMPILE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-std=c++17")
 LINK_FLAGS = ("-shared", "-fopenmp", "-lmvec", "-lm")
+
+
+class KernelBuildError(subprocess.SubprocessError):
+    """A source that did not compile or link; the message carries the compiler's output."""
 
 
 def cache_dir() -> Path:
@@ -81,7 +85,11 @@ def _compile(source: Path, compiler: str, target: Path) -> None:
             [compiler, *COMPILE_FLAGS, "-c", str(source), "-o", str(obj)],
             [compiler, str(obj), "-o", str(lib), *LINK_FLAGS],
         ):
-            subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600, env=env)
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+            if run.returncode != 0:
+                raise KernelBuildError(
+                    f"{source.name}: {cmd[0]} exited {run.returncode}:\n{run.stderr.strip()}"
+                )
         os.replace(lib, target)
 
 
@@ -103,13 +111,20 @@ def build_library(source: Path) -> Path:
     return target
 
 
+def open_library(source: Path) -> ctypes.CDLL:
+    """The loaded library of `source`, built first if absent. Raises where it can't be:
+    OSError (no compiler, a library that won't load), KernelBuildError (the compiler's error)
+    or another subprocess.SubprocessError (a compiler that won't run or times out)."""
+    return ctypes.CDLL(str(build_library(source)))
+
+
 def load_library(source: Path, what: str) -> ctypes.CDLL | None:
-    """The loaded library of `source`, or None (logged once as a warning naming `what`)."""
+    """The loaded library of `source`, or None (logged once as a warning naming `what`, with
+    the compiler's error where the build failed)."""
     try:
-        lib = ctypes.CDLL(str(build_library(source)))
+        lib = open_library(source)
     except (OSError, subprocess.SubprocessError) as exc:
-        detail = getattr(exc, "stderr", "") or exc
-        logger.warning("kernels: %s unavailable, using the PyTorch path: %s", what, detail)
+        logger.warning("kernels: %s unavailable, using the PyTorch path: %s", what, exc)
         return None
     logger.info("kernels: %s loaded from %s", what, lib._name)
     return lib
