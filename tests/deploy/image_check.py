@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from tests.engine.server.live_server import free_port, free_port_pair
+from tests.ports import free_port, free_port_pair
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_IMAGE = os.environ.get("BASE_IMAGE", "radixserve/python:3.11-bookworm")

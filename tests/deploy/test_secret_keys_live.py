@@ -27,9 +27,10 @@ from radixserve.operator.builders import build_children
 from radixserve.operator.config import OperatorConfig
 from radixserve.operator.meta import Owner
 from radixserve.operator.spec import parse_spec
-from tests.engine.server.live_server import free_port, free_port_pair
+from tests.child_env import child_env
 from tests.operator.cases import UID
 from tests.operator.test_secret_keys import resolve_env
+from tests.ports import free_port, free_port_pair
 
 EXE = os.path.join(os.path.dirname(sys.executable), "radixserve")
 START_TIMEOUT_S = 300
@@ -67,7 +68,7 @@ def _process(args: list[str], env: dict[str, str], log: Path) -> Iterator[subpro
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [EXE, *args], stdout=out, stderr=subprocess.STDOUT, cwd=log.parent,
-            env={**os.environ, "OMP_NUM_THREADS": "1", **env}, start_new_session=True,
+            env=child_env({"OMP_NUM_THREADS": "1", **env}), start_new_session=True,
         )  # fmt: skip
     try:
         yield proc

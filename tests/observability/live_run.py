@@ -89,9 +89,10 @@ def _traffic(client: httpx.Client, url: str) -> dict[str, dict[str, int] | int |
 
 
 def live_run() -> LiveRun:
-    engine = start_engine(None, None, *LOG_FLAGS, "--log-requests")
+    started = [start_engine(None, None, *LOG_FLAGS, "--log-requests")]
     try:
-        wait_engines([engine])
+        wait_engines(started)  # replaces it if it had to start again on other ports
+        engine = started[0]
         with (
             router_proc([engine.url], *LOG_FLAGS, healthy=1) as router,
             httpx.Client(timeout=120) as client,
@@ -101,7 +102,7 @@ def live_run() -> LiveRun:
             router_text = client.get(router.url + "/metrics").text
             router_log = router.log_path
     finally:
-        engine.stop()
+        started[0].stop()
     return LiveRun(
         Scrape(engine=_samples(engine_text), router=_samples(router_text)),
         Path(engine.log_path).read_text(errors="replace"),

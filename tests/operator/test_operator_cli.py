@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -19,15 +18,10 @@ import yaml
 from tests.operator.cases import SMOLLM_CPU
 from tests.operator.emulator import ApiServer
 from tests.operator.test_operator_kmock import CHILDREN, Cluster, eventually
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(60)
 RADIXSERVE = Path(sys.executable).parent / "radixserve"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _kubeconfig(path: Path, server: str) -> None:
@@ -58,7 +52,7 @@ def test_operator_command_reconciles_and_stops(tmp_path: Path) -> None:
             env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
             env |= {"KUBECONFIG": str(tmp_path / "kubeconfig"), "HOME": str(tmp_path)}
             env |= {"RADIXSERVE_ENGINE_IMAGE": "registry.local/engine:dev"}
-            health = f"http://127.0.0.1:{_free_port()}/healthz"
+            health = f"http://127.0.0.1:{free_port()}/healthz"
             proc = await asyncio.create_subprocess_exec(
                 str(RADIXSERVE), "operator", "--liveness", health, env=env, cwd=str(tmp_path)
             )

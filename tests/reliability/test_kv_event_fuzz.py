@@ -21,8 +21,7 @@ from hypothesis import strategies as st
 
 from radixserve.protocol import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from radixserve.protocol.kv_events import decode_batch, encode_batch, seq_to_bytes
-from tests.engine.server.live_server import free_port_pair
-from tests.router.mirror.replica import Replica, until
+from tests.router.mirror.replica import Replica, fresh_replica, until
 from tests.router.mirror.test_subscriber import Follower, in_sync
 
 pytestmark = pytest.mark.timeout(600)
@@ -133,7 +132,7 @@ def test_subscriber_survives_injected_frames_and_ends_equal(
 async def _scenario(steps: list[tuple[str, Any]], seed: int) -> None:
     rng = random.Random(seed)
     ctx = zmq.asyncio.Context()
-    replica = Replica(free_port_pair())
+    replica = fresh_replica()
     replica.serve()
     f = Follower(replica.kv, ctx)
     try:

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from tests.engine.server.live_server import free_port, free_port_run
+from tests.child_env import child_env
+from tests.ports import free_port, free_port_run
 from tests.reliability.conftest import save_tiny_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -44,7 +45,9 @@ def _soak(tmp: Path, model: Path, *extra: str) -> tuple[int, dict[str, Any], str
         "--output", str(out), *extra,
     ]  # fmt: skip
     # run outside the repository: its top-level operator/ would shadow the stdlib's `operator`
-    proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        cmd, cwd=tmp, capture_output=True, text=True, timeout=400, env=child_env()
+    )
     report = json.loads(out.read_text()) if out.exists() else {}
     return proc.returncode, report, proc.stdout + proc.stderr
 

@@ -23,12 +23,14 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.engine.server.live_server import free_port, free_port_pair
+from tests.child_env import child_env
+from tests.ports import LostPort, free_port, free_port_pair, lost_its_port
 
 EXE = os.path.join(os.path.dirname(sys.executable), "radixserve")
 ENGINE_START_TIMEOUT_S = 300
 ROUTER_START_TIMEOUT_S = 60
 STOP_GRACE_S = 20
+STARTS = 3  # tries at start-up, each on fresh ports, while a process loses a port to another
 
 
 def _log_tail(path: str, n: int = 4000) -> str:
@@ -58,6 +60,8 @@ class Engine:
     kv_port: int
     proc: subprocess.Popen[bytes]
     log_path: str
+    extra: tuple[str, ...] = ()  # its command line after the port flags
+    ports_chosen: bool = True  # by start_engine: it may choose others if one is taken
 
     @property
     def url(self) -> str:
@@ -78,6 +82,7 @@ class Engine:
 
 def start_engine(port: int | None = None, kv_port: int | None = None, *extra: str) -> Engine:
     """Start a SmolLM2 replica with KV events (not yet waited for: see `wait_engines`)."""
+    chosen = port is None and kv_port is None
     port = port or free_port()
     kv_port = kv_port or free_port_pair()
     log_path = f"/tmp/radixserve-router-test-engine-{port}.log"
@@ -86,21 +91,32 @@ def start_engine(port: int | None = None, kv_port: int | None = None, *extra: st
         "--port", str(port), "--kv-events-port", str(kv_port),
         "--max-total-tokens", "32768", *extra,
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = child_env({"OMP_NUM_THREADS": "1"})
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, cwd="/tmp", env=env, start_new_session=True
         )
-    return Engine(port, kv_port, proc, log_path)
+    return Engine(port, kv_port, proc, log_path, tuple(extra), chosen)
 
 
-def wait_engines(engines: Sequence[Engine]) -> None:
+def wait_engines(engines: list[Engine]) -> None:
+    """Wait until every replica answers /health. One that lost a port to another process at
+    start-up (between the choice and its bind) is started again on fresh ports, in its place
+    in `engines`, if start_engine chose its ports."""
     deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
     pending = list(engines)
+    starts = dict.fromkeys(range(len(engines)), 1)
     while pending:
         for e in list(pending):
             if e.proc.poll() is not None:
-                raise RuntimeError(f"engine {e.url} exited during start-up:\n{e.log_tail()}")
+                i = engines.index(e)
+                if not _may_restart(e, starts[i]):
+                    raise RuntimeError(f"engine {e.url} exited during start-up:\n{e.log_tail()}")
+                e.stop()
+                engines[i] = start_engine(None, None, *e.extra)
+                starts[i] += 1
+                pending[pending.index(e)] = engines[i]
+                continue
             try:
                 if httpx.get(e.url + "/health", timeout=2).status_code == 200:
                     pending.remove(e)
@@ -110,6 +126,10 @@ def wait_engines(engines: Sequence[Engine]) -> None:
             raise RuntimeError(f"engine {pending[0].url} not healthy:\n{pending[0].log_tail()}")
         if pending:
             time.sleep(0.5)
+
+
+def _may_restart(engine: Engine, starts: int) -> bool:
+    return engine.ports_chosen and starts < STARTS and lost_its_port(engine.log_tail())
 
 
 # ---- the router ---------------------------------------------------------------------------------
@@ -162,6 +182,29 @@ def router_proc(
     """`radixserve router` in front of `worker_urls`, health checks every 0.5 s; waits for
     /health and, when `healthy` is given, for that many healthy workers. Stopped with SIGINT;
     the router's log is printed when the body fails (pytest shows it with the failure)."""
+    for attempt in range(1, STARTS + 1):
+        router = _start_router(worker_urls, args)
+        try:
+            _wait_router(router, healthy)
+        except LostPort:  # another process took its port: again, on a fresh one
+            _stop(router.proc, group=False)
+            if attempt == STARTS:
+                raise
+            continue
+        except BaseException:
+            _stop(router.proc, group=False)
+            raise
+        try:
+            yield router
+        except BaseException:
+            print(f"---- router log {router.log_path} (tail) ----\n{router.log_tail()}")
+            raise
+        finally:
+            _stop(router.proc, group=False)
+        return
+
+
+def _start_router(worker_urls: Sequence[str], args: Sequence[str]) -> Router:
     port = free_port()
     log_path = f"/tmp/radixserve-router-test-{port}.log"
     cmd = [
@@ -169,22 +212,18 @@ def router_proc(
         *(["--worker-urls", *worker_urls] if worker_urls else []), *args,
     ]  # fmt: skip
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd="/tmp")
-    router = Router(f"http://127.0.0.1:{port}", proc, log_path)
-    try:
-        _wait_router(router, healthy)
-        yield router
-    except BaseException:
-        print(f"---- router log {log_path} (tail) ----\n{router.log_tail()}")
-        raise
-    finally:
-        _stop(proc, group=False)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd="/tmp", env=child_env()
+        )
+    return Router(f"http://127.0.0.1:{port}", proc, log_path)
 
 
 def _wait_router(router: Router, healthy: int | None) -> None:
     deadline = time.monotonic() + ROUTER_START_TIMEOUT_S
     while time.monotonic() < deadline:
         if router.proc.poll() is not None:
+            if lost_its_port(router.log_tail()):
+                raise LostPort(f"router lost its port to another process:\n{router.log_tail()}")
             raise RuntimeError(f"router exited during start-up:\n{router.log_tail()}")
         try:
             up = httpx.get(router.url + "/health", timeout=2).status_code == 200

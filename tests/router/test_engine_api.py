@@ -14,7 +14,6 @@ import asyncio
 import json
 import logging
 import re
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -37,7 +36,8 @@ from radixserve.router.engine_api import (
 )
 from radixserve.router.mirror.index import CacheIndex
 from radixserve.router.workers import WorkerRegistry
-from tests.router.mirror.replica import Replica, until
+from tests.ports import bind_retrying, listening_socket
+from tests.router.mirror.replica import Replica, fresh_replica, until
 from tests.router.router_proc import router_proc
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -47,12 +47,6 @@ MODELS = json.loads((FIXTURES / "vllm-0.32-models.json").read_text())
 BLOCK = vllm_block_size(METRICS)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def with_gauge(text: str, name: str, value: int) -> str:
     """vLLM's /metrics with one gauge's sample value replaced (its labels kept)."""
     return re.sub(rf"^({re.escape(name)}\{{[^}}]*\}}) \S+$", rf"\g<1> {value}.0", text, flags=re.M)
@@ -60,9 +54,10 @@ def with_gauge(text: str, name: str, value: int) -> str:
 
 @dataclass
 class VllmDouble:
-    """vLLM 0.32's discovery endpoints; `ready` False serves no model yet (still loading)."""
+    """vLLM 0.32's discovery endpoints; `ready` False serves no model yet (still loading).
+    `/kv_event_sources` names `kv_port`: the port of the replica a test starts for it."""
 
-    kv_port: int
+    kv_port: int = 0
     ready: bool = True
     running: int = 0
     waiting: int = 0
@@ -94,13 +89,14 @@ class VllmDouble:
 
 @pytest.fixture
 def vllm() -> Iterator[VllmDouble]:
-    double = VllmDouble(kv_port=free_port())
-    port = free_port()
-    config = uvicorn.Config(double.app(), host="127.0.0.1", port=port, log_level="warning")
+    double = VllmDouble()
+    # Bound here and handed to uvicorn: held from the start, so no other process can take it.
+    sock = bind_retrying(listening_socket)
+    config = uvicorn.Config(double.app(), log_level="warning")
     double.server = uvicorn.Server(config)
-    thread = threading.Thread(target=double.server.run, daemon=True)
+    thread = threading.Thread(target=double.server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    double.url = f"http://127.0.0.1:{port}"
+    double.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
@@ -111,6 +107,15 @@ def vllm() -> Iterator[VllmDouble]:
     yield double
     double.server.should_exit = True
     thread.join(10)
+    sock.close()
+
+
+def _replica_for(vllm: VllmDouble) -> Replica:
+    """The replica whose KV events the double's `/kv_event_sources` points at."""
+    assert BLOCK is not None
+    replica = fresh_replica(page_size=BLOCK, topic=SOURCES["0"]["topic"].encode())
+    vllm.kv_port = replica.port
+    return replica
 
 
 def test_captured_vllm_metrics_parse() -> None:
@@ -126,7 +131,7 @@ def test_auto_discovers_a_vllm_server_mirrors_its_events_and_reads_its_load(
 ) -> None:
     async def scenario() -> None:
         assert BLOCK is not None
-        replica = Replica(vllm.kv_port, page_size=BLOCK, topic=SOURCES["0"]["topic"].encode())
+        replica = _replica_for(vllm)
         replica.serve()
         index = CacheIndex()
         await index.start()
@@ -179,7 +184,7 @@ def test_admin_post_takes_an_engine_prefixed_url_like_the_command_line(vllm: Vll
 
     async def scenario() -> None:
         assert BLOCK is not None
-        replica = Replica(vllm.kv_port, page_size=BLOCK, topic=SOURCES["0"]["topic"].encode())
+        replica = _replica_for(vllm)
         replica.serve()
         with router_proc([], "--admin-key", "k") as router:
             async with httpx.AsyncClient(base_url=router.url, headers=auth, timeout=30) as c:

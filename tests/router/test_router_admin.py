@@ -12,12 +12,12 @@ from typing import Any
 
 import httpx
 
+from tests.ports import free_port
 from tests.router.router_proc import (
     Engine,
     Router,
     by_worker,
     error_message,
-    free_port,
     generate_all,
     parse_metrics,
     random_ids,

@@ -18,13 +18,13 @@ from typing import Any
 import httpx
 from openai import OpenAI
 
+from tests.ports import free_port
 from tests.router.router_proc import (
     Engine,
     EngineSet,
     Router,
     by_worker,
     error_message,
-    free_port,
     generate_all,
     generate_body,
     random_ids,

@@ -39,7 +39,8 @@ from radixserve.operator.builders import build_children
 from radixserve.operator.config import OperatorConfig
 from radixserve.operator.meta import Owner
 from radixserve.operator.spec import parse_spec
-from tests.engine.server.live_server import free_port, free_port_run
+from tests.child_env import child_env
+from tests.ports import free_port, free_port_run
 from tests.router.test_k8s_discovery import SliceEmulator, write_kubeconfig
 
 EXAMPLES = Path(__file__).parents[2] / "manifests" / "examples"
@@ -236,7 +237,7 @@ def stack(
     name, objs = rendered(case, tmp)
     engine_dep, router_dep = objs[f"Deployment/{name}-engine"], objs[f"Deployment/{name}-router"]
     engine_svc = objs[f"Service/{name}-engine"]
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = child_env({"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
     env.pop("KUBERNETES_SERVICE_HOST", None)
     ec = container(engine_dep)
     ports = named_ports(ec)

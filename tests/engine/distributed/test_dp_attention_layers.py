@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.engine.distributed import dp_attention_worker as worker
-from tests.engine.server.live_server import free_port
+from tests.ports import free_port
 
 
 def _entry(rank: int, port: int, out: str) -> None:

@@ -27,7 +27,7 @@ import zmq
 
 from radixserve.protocol.kv_events import decode_batch
 from tests.engine.models.tiny import VOCAB, save_tiny
-from tests.engine.server.live_server import LiveServer, free_port_run, live_server
+from tests.engine.server.live_server import LiveServer, live_server
 from tests.router.router_proc import Router, parse_metrics, router_proc, wait_for
 
 MIRROR_TOKENS = "radixserve_router_mirror_tokens"
@@ -41,11 +41,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer
         "--model-path", str(folder), "--tp-size", "2", "--dp-size", "2", "--ep-size", "2",
         "--enable-dp-attention",
         "--moe-a2a-backend", "all_to_all", "--dtype", "float32", "--max-total-tokens", "4096",
-        "--kv-events-port", str(free_port_run(4)),
         "--skip-server-warmup",
     )  # fmt: skip
     with (
-        live_server(*args, log_dir=str(folder)) as srv,
+        live_server(*args, log_dir=str(folder), kv_ports=4) as srv,  # 2 DP ranks
         router_proc([srv.base_url], healthy=1) as router,
     ):
         yield srv, router

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.engine.distributed import sharded_worker
-from tests.engine.server.live_server import free_port
+from tests.ports import free_port
 
 CHECKS = (
     "gate_up",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.engine.models.tiny import save_tiny
-from tests.engine.server.live_server import free_port_pair, live_server
+from tests.engine.server.live_server import live_server
 from tests.engine.server.test_lifecycle import _alive, _children, _cmdline, _rss_kb
 
 
@@ -31,8 +31,7 @@ def test_serve_tp2_answers_openai_client(tmp_path: Path) -> None:
     args += ("--dtype", "float32")  # compared with the float32 single-process run
     # KV events on: only rank 0 binds the publisher port (a peer binding it too would fail
     # start-up with "address in use").
-    args += ("--kv-events-port", str(free_port_pair()))
-    with live_server(*args, "--skip-server-warmup", log_dir=str(tmp_path)) as srv:
+    with live_server(*args, "--skip-server-warmup", log_dir=str(tmp_path), kv_ports=2) as srv:
         client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="none")
         out = client.completions.create(
             model=client.models.list().data[0].id,

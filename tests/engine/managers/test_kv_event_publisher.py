@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 
@@ -13,31 +12,9 @@ import zmq
 from radixserve.engine.managers.kv_event_publisher import ZmqKVEventPublisher
 from radixserve.protocol import AllBlocksCleared, BlockRemoved, BlockStored
 from radixserve.protocol.kv_events import decode_batch, seq_from_bytes, seq_to_bytes
+from tests.ports import bind_retrying
 
 TIMEOUT_MS = 5000
-
-
-def free_port_block(n: int) -> int:
-    """A base port p with p .. p+n-1 all free on 127.0.0.1 (best effort)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + n > 65535:
-            continue
-        try:
-            socks = []
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-        return base
-    raise RuntimeError("no free port block")
 
 
 @pytest.fixture
@@ -48,7 +25,13 @@ def ctx() -> Iterator[zmq.Context]:
 
 
 def make_pub(ctx: zmq.Context, **kw: object) -> ZmqKVEventPublisher:
-    return ZmqKVEventPublisher("127.0.0.1", free_port_block(4), ctx=ctx, **kw)  # type: ignore[arg-type]
+    """A publisher on two fresh ports (PUB, replay), chosen again if another process binds
+    one first."""
+
+    def at(port: int) -> ZmqKVEventPublisher:
+        return ZmqKVEventPublisher("127.0.0.1", port, ctx=ctx, **kw)  # type: ignore[arg-type]
+
+    return bind_retrying(at, 2)
 
 
 def subscriber(ctx: zmq.Context, pub: ZmqKVEventPublisher) -> zmq.Socket:
@@ -187,10 +170,15 @@ def test_full_default_buffer_replays_without_drops(ctx: zmq.Context) -> None:
 
 
 def test_dp_rank_offsets_ports_and_tags_batches(ctx: zmq.Context) -> None:
-    base = free_port_block(4)
-    pub = ZmqKVEventPublisher("127.0.0.1", base, dp_rank=1, ctx=ctx)
-    assert pub.endpoint == f"tcp://127.0.0.1:{base + 2}"
-    assert pub.replay_endpoint == f"tcp://127.0.0.1:{base + 3}"
+    bases: list[int] = []
+
+    def rank_1(base: int) -> ZmqKVEventPublisher:
+        bases.append(base)
+        return ZmqKVEventPublisher("127.0.0.1", base, dp_rank=1, ctx=ctx)
+
+    pub = bind_retrying(rank_1, 4)  # rank 0's two ports, then rank 1's
+    assert pub.endpoint == f"tcp://127.0.0.1:{bases[-1] + 2}"
+    assert pub.replay_endpoint == f"tcp://127.0.0.1:{bases[-1] + 3}"
     sub = subscriber(ctx, pub)
     seq = pub.publish([STORED])
     frames = recv(sub)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,51 +13,11 @@ from dataclasses import dataclass
 
 import httpx
 
+from tests.child_env import child_env
+from tests.ports import LostPort, free_port, free_port_run, lost_its_port
+
 STARTUP_TIMEOUT_S = 300
-
-
-# Ports this test process has handed out. A port is free when chosen but is bound only later
-# (a replica binds its HTTP port after loading its model), and the OS may offer the same port
-# again meanwhile: two replicas started together once got one port, and one exited with
-# "address already in use".
-_HANDED_OUT: set[int] = set()
-
-
-def free_port() -> int:
-    """A free 127.0.0.1 port not handed out before in this process."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
-    raise RuntimeError("no free port not handed out already")
-
-
-def free_port_pair() -> int:
-    """A port P with P and P + 1 both free (a KV-event PUB port and its replay port)."""
-    return free_port_run(2)
-
-
-def free_port_run(n: int) -> int:
-    """A port P with P .. P + n - 1 all free (DP rank r publishes on P + 2r, replays on the
-    next port)."""
-    for _ in range(200):
-        port = free_port()
-        rest = range(port + 1, port + n)
-        if _HANDED_OUT.intersection(rest):
-            continue
-        try:
-            with contextlib.ExitStack() as stack:
-                for p in rest:
-                    s = stack.enter_context(socket.socket())
-                    s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        _HANDED_OUT.update(rest)
-        return port
-    raise RuntimeError(f"no run of {n} free ports")
+STARTS = 3  # tries at start-up, each on fresh ports, while the server loses a port to another
 
 
 @dataclass(frozen=True)
@@ -68,6 +26,7 @@ class LiveServer:
     port: int
     proc: subprocess.Popen[bytes]
     log_path: str
+    kv_port: int | None = None  # its KV-event PUB port (replays on the next), when it has one
 
     def log(self) -> str:
         with open(self.log_path, errors="replace") as f:
@@ -76,45 +35,78 @@ class LiveServer:
 
 @contextmanager
 def live_server(
-    *extra_args: str, log_dir: str = "/tmp", env: dict[str, str] | None = None
+    *extra_args: str,
+    log_dir: str = "/tmp",
+    env: dict[str, str] | None = None,
+    kv_ports: int = 0,
 ) -> Iterator[LiveServer]:
     """Start the server, wait for /health, yield it, then SIGINT and wait (SIGKILL after 20 s).
 
     `env` adds variables to the server's environment (e.g. TMPDIR, where its ipc:// sockets go).
+    `kv_ports` > 0 turns KV events on, on a run of that many ports (2 per DP rank). Every port
+    the server binds is chosen here, so a server that finds one taken by another process
+    (between the choice and its bind, after loading its model) is started again on fresh ones.
     """
+    for attempt in range(1, STARTS + 1):
+        server = _start(extra_args, log_dir, env, kv_ports)
+        try:
+            _wait_healthy(server)
+        except LostPort:
+            _stop(server.proc)
+            if attempt == STARTS:
+                raise
+            continue
+        except BaseException:
+            _stop(server.proc)
+            raise
+        try:
+            yield server
+        finally:
+            _stop(server.proc)
+        return
+
+
+def _start(
+    extra_args: tuple[str, ...], log_dir: str, env: dict[str, str] | None, kv_ports: int
+) -> LiveServer:
     port = free_port()
+    kv_port = free_port_run(kv_ports) if kv_ports else None
+    kv_args = ("--kv-events-port", str(kv_port)) if kv_port is not None else ()
     log_path = os.path.join(log_dir, f"radixserve-test-{port}.log")
     # The console script, run outside the repo: `python -m` from the repo root would let the
     # top-level operator/ folder shadow the standard library's `operator`.
     exe = os.path.join(os.path.dirname(sys.executable), "radixserve")
-    cmd = [exe, "serve", "--port", str(port), "--model-path", "smollm2-135m", *extra_args]
+    cmd = [exe, "serve", "--port", str(port), "--model-path", "smollm2-135m"]
+    cmd += [*kv_args, *extra_args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             cmd,
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=log_dir,
-            env={**os.environ, **(env or {})},
+            env=child_env(env),
         )
-    server = LiveServer(f"http://127.0.0.1:{port}", port, proc, log_path)
+    return LiveServer(f"http://127.0.0.1:{port}", port, proc, log_path, kv_port)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
     try:
-        _wait_healthy(server)
-        yield server
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
 
 
 def _wait_healthy(server: LiveServer) -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:
-            raise RuntimeError(f"server exited during start-up:\n{server.log()[-3000:]}")
+            log = server.log()
+            if lost_its_port(log):
+                raise LostPort(f"server lost a port to another process:\n{log[-3000:]}")
+            raise RuntimeError(f"server exited during start-up:\n{log[-3000:]}")
         try:
             if httpx.get(server.base_url + "/health", timeout=2).status_code == 200:
                 return

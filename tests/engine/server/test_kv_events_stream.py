@@ -15,7 +15,7 @@ import zmq
 from radixserve.protocol import AllBlocksCleared, BlockRemoved, BlockStored
 from radixserve.protocol.block_hash import block_hashes
 from radixserve.protocol.kv_events import KVEventBatch, decode_batch, seq_from_bytes, seq_to_bytes
-from tests.engine.server.live_server import LiveServer, free_port_pair, live_server
+from tests.engine.server.live_server import LiveServer, live_server
 
 POOL = 4096
 SYNC_TIMEOUT_S = 20
@@ -133,9 +133,9 @@ def join_stream(server: LiveServer, mirror: Mirror) -> None:
 
 @pytest.fixture(scope="module")
 def kv_server() -> Iterator[tuple[LiveServer, int]]:
-    port = free_port_pair()
-    with live_server("--kv-events-port", str(port), "--max-total-tokens", str(POOL)) as srv:
-        yield srv, port
+    with live_server("--max-total-tokens", str(POOL), kv_ports=2) as srv:
+        assert srv.kv_port is not None
+        yield srv, srv.kv_port
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import contextlib
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -16,6 +17,7 @@ from radixserve.engine.mem_cache.allocator import create_allocator
 from radixserve.engine.mem_cache.memory_pool import ReqToTokenPool
 from radixserve.engine.mem_cache.radix_cache import RadixCache
 from radixserve.router.targets import KVEndpoint
+from tests.ports import bind_retrying
 
 CPU = torch.device("cpu")
 SYNC_TIMEOUT_S = 20.0
@@ -68,6 +70,11 @@ class Replica:
         self._server: asyncio.Task[None] | None = None
 
     @property
+    def port(self) -> int:
+        """Its PUB port (replays are answered on the next one)."""
+        return self.pub.port
+
+    @property
     def last_seq(self) -> int:
         return self.pub.next_seq - 1
 
@@ -94,6 +101,13 @@ class Replica:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._server
         self._close_publisher()  # once: a second call does nothing
+
+
+def fresh_replica(
+    page_size: int = 1, pool: int = 4096, host: str = "127.0.0.1", **publisher: Any
+) -> Replica:
+    """A Replica on two fresh ports, chosen again if another process binds one first."""
+    return bind_retrying(lambda port: Replica(port, page_size, pool, host, **publisher), 2)
 
 
 Poke = Callable[[], None] | None

@@ -11,8 +11,7 @@ import pytest
 
 from radixserve.router.mirror.index import CacheIndex
 from radixserve.router.targets import KVEndpoint, TargetKey
-from tests.engine.server.live_server import free_port_pair
-from tests.router.mirror.replica import Replica, engine_match, until
+from tests.router.mirror.replica import Replica, engine_match, fresh_replica, until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -46,7 +45,7 @@ def synced(index: CacheIndex, key: TargetKey, replica: Replica) -> bool:
 def test_mirror_and_approx_targets_side_by_side() -> None:
     async def scenario() -> None:
         traffic = Traffic(1)
-        r1, r4 = Replica(free_port_pair(), 1, pool=2000), Replica(free_port_pair(), 4, pool=2000)
+        r1, r4 = fresh_replica(1, pool=2000), fresh_replica(4, pool=2000)
         a, b, c = ("http://127.0.0.1:1", 0), ("http://127.0.0.1:2", 0), ("http://127.0.0.1:3", 0)
         index = CacheIndex(approx_max_tokens=10_000)
         index.add_target(a, 1, r1.kv)  # before start(): its subscriber starts with the index
@@ -100,8 +99,9 @@ def test_mirror_and_approx_targets_side_by_side() -> None:
 
 def test_an_engine_bound_to_all_interfaces_is_dialled_at_the_workers_host() -> None:
     async def scenario() -> None:
-        traffic, port = Traffic(2), free_port_pair()
-        replica = Replica(port, host="127.0.0.2")  # dialling 0.0.0.0 would reach 127.0.0.1
+        traffic = Traffic(2)
+        replica = fresh_replica(host="127.0.0.2")  # dialling 0.0.0.0 would reach 127.0.0.1
+        port = replica.port
         replica.serve()
         key = ("http://127.0.0.2:9", 0)
         kv = KVEndpoint(0, f"tcp://0.0.0.0:{port}", f"tcp://0.0.0.0:{port + 1}")

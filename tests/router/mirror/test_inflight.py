@@ -24,8 +24,7 @@ from radixserve.router.mirror.tree import encode_tokens
 from radixserve.router.policies import make_policy
 from radixserve.router.selector import Selector
 from radixserve.router.workers import WorkerRegistry
-from tests.engine.server.live_server import free_port_pair
-from tests.router.mirror.replica import Replica, until
+from tests.router.mirror.replica import Replica, fresh_replica, until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -102,7 +101,7 @@ def test_match_equals_the_longest_prefix_among_live_entries(ops: list) -> None:
 @pytest_asyncio.fixture
 async def live() -> AsyncIterator[tuple[Selector, CacheIndex, list[Replica]]]:
     """Three event targets fed by real replicas (RadixCache + ZMQ publisher), and a Selector."""
-    replicas = [Replica(free_port_pair(), 1, pool=4000) for _ in range(3)]
+    replicas = [fresh_replica(1, pool=4000) for _ in range(3)]
     async with httpx.AsyncClient() as client:
         index = CacheIndex()
         registry = WorkerRegistry(RouterConfig(), client, index)

@@ -17,11 +17,12 @@ from radixserve.protocol.kv_events import seq_to_bytes
 from radixserve.router.mirror.subscriber import KVEventSubscriber
 from radixserve.router.mirror.tree import MirrorTree
 from radixserve.router.targets import KVEndpoint
-from tests.engine.server.live_server import free_port_pair
+from tests.ports import bind_retrying, free_port_pair
 from tests.router.mirror.replica import (
     SYNC_TIMEOUT_S,
     Replica,
     engine_match,
+    fresh_replica,
     until,
 )
 
@@ -101,7 +102,7 @@ async def join(replica: Replica, f: Follower, scene: Scene) -> None:
 
 def test_live_batches_are_applied_in_order_through_evictions() -> None:
     async def scenario(ctx: zmq.asyncio.Context) -> None:
-        replica, scene = Replica(free_port_pair(), pool=3000), Scene(1)
+        replica, scene = fresh_replica(pool=3000), Scene(1)
         replica.serve()
         f = Follower(replica.kv, ctx)
         await join(replica, f, scene)
@@ -125,7 +126,7 @@ def test_live_batches_are_applied_in_order_through_evictions() -> None:
 
 def test_late_subscriber_gets_the_history_by_replay() -> None:
     async def scenario(ctx: zmq.asyncio.Context) -> None:
-        replica, scene = Replica(free_port_pair(), pool=3000), Scene(2)
+        replica, scene = fresh_replica(pool=3000), Scene(2)
         replica.serve()
         for _ in range(30):
             scene.send(replica)
@@ -142,7 +143,7 @@ def test_late_subscriber_gets_the_history_by_replay() -> None:
 
 def test_batches_dropped_by_zmq_are_healed_by_replay() -> None:
     async def scenario(ctx: zmq.asyncio.Context) -> None:
-        replica, scene = Replica(free_port_pair(), pool=3000, hwm=1), Scene(3)
+        replica, scene = fresh_replica(pool=3000, hwm=1), Scene(3)
         replica.serve()
         f = Follower(replica.kv, ctx, rcvhwm=1)
         await join(replica, f, scene)
@@ -169,8 +170,7 @@ def test_a_restarted_replica_resets_the_mirror(restart_batches: str) -> None:
     (caught on reconnection), or beyond (caught by the replay's history check)."""
 
     async def scenario(ctx: zmq.asyncio.Context) -> None:
-        port, scene = free_port_pair(), Scene(4)
-        old = Replica(port, pool=3000)
+        old, scene = fresh_replica(pool=3000), Scene(4)
         old.serve()
         f = Follower(old.kv, ctx)
         await join(old, f, scene)
@@ -179,7 +179,7 @@ def test_a_restarted_replica_resets_the_mirror(restart_batches: str) -> None:
         await until(lambda: in_sync(old, f), "in sync with the first replica")
         last = old.last_seq
         await old.close()
-        new = Replica(port, pool=3000)
+        new = Replica(old.port, pool=3000)  # the same ports, as a restarted engine
         new.serve()
         early = {"none": 0, "as_many": last + 1, "more": last + 6}[restart_batches]
         for _ in range(early):  # sent at once: before the SUB reconnects
@@ -199,7 +199,7 @@ def test_a_restarted_replica_resets_the_mirror(restart_batches: str) -> None:
 @pytest.mark.parametrize("replay", ["unreachable", "none"])
 def test_without_replay_the_mirror_resets_and_follows_the_stream(replay: str) -> None:
     async def scenario(ctx: zmq.asyncio.Context) -> None:
-        replica, scene = Replica(free_port_pair(), pool=3000), Scene(5)
+        replica, scene = fresh_replica(pool=3000), Scene(5)
         replica.serve()
         for _ in range(10):
             scene.send(replica)
@@ -231,7 +231,7 @@ def test_a_warm_idle_replica_is_mirrored_on_connect() -> None:
     """A router (re)starting next to a replica that publishes nothing more still sees its cache."""
 
     async def scenario(ctx: zmq.asyncio.Context) -> None:
-        replica, scene = Replica(free_port_pair(), pool=3000), Scene(7)
+        replica, scene = fresh_replica(pool=3000), Scene(7)
         replica.serve()
         for _ in range(8):
             scene.send(replica)
@@ -251,14 +251,18 @@ def test_a_warm_idle_replica_is_mirrored_on_connect() -> None:
 
 async def raw_stream(ctx: zmq.asyncio.Context) -> tuple[zmq.asyncio.Socket, Follower]:
     """A hand-driven publisher: an XPUB shows us the subscription, so nothing sent is lost."""
-    port = free_port_pair()
     xpub = ctx.socket(zmq.XPUB)
     xpub.setsockopt(zmq.LINGER, 0)
-    xpub.bind(f"tcp://127.0.0.1:{port}")
-    f = Follower(KVEndpoint(0, f"tcp://127.0.0.1:{port}"), ctx)
+    endpoint = bind_retrying(lambda port: _bound(xpub, f"tcp://127.0.0.1:{port}"))
+    f = Follower(KVEndpoint(0, endpoint), ctx)
     f.sub.start()
     assert (await asyncio.wait_for(xpub.recv(), SYNC_TIMEOUT_S))[:1] == b"\x01"
     return xpub, f
+
+
+def _bound(sock: zmq.asyncio.Socket, endpoint: str) -> str:
+    sock.bind(endpoint)
+    return endpoint
 
 
 def batch(*stored: tuple[int, int | None, int]) -> bytes:
