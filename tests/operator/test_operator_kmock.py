@@ -78,6 +78,17 @@ class Cluster:
         seen = {r.id for r in self.api if r.method == method and r.url.path.endswith(suffix)}
         return len(seen)
 
+    async def more_requests(self, method: str, suffix: str, n: int) -> None:
+        """Until the API server has answered `n` more such requests from now. A resync pass
+        reads every child, so this is proof that the operator made passes, where a sleep
+        only guesses how long a pass takes (and proves nothing on a loaded machine)."""
+        want = self.requests(method, suffix) + n
+
+        async def seen() -> bool:
+            return self.requests(method, suffix) >= want
+
+        await eventually(seen, f"{n} more {method} ...{suffix}")
+
 
 async def eventually(check: Callable[[], Awaitable[Any]], what: str, timeout: float = 15) -> Any:
     deadline = time.monotonic() + timeout
@@ -284,7 +295,10 @@ def test_invalid_spec_is_degraded_once_without_retries(monkeypatch: pytest.Monke
             assert isvc["status"]["phase"] == "Degraded"
             assert condition(isvc, "Ready")["reason"] == "InvalidSpec"
             patches_before = k8s.requests("PATCH", "/inferenceservices/chat/status")
-            await asyncio.sleep(2.5)  # five resync periods
+            # Five resync passes over the invalid spec (each reads the engine Deployment for
+            # the status): none may write a new status or create a child, and the handler
+            # must not have been run again meanwhile.
+            await k8s.more_requests("GET", "/deployments/chat-engine", 5)
             assert calls == ["chat"], "an invalid spec must not be retried"
             assert k8s.requests("PATCH", "/inferenceservices/chat/status") == patches_before
             assert k8s.requests("POST", "/deployments") == 0

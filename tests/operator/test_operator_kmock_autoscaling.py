@@ -6,7 +6,6 @@ InferenceService's `spec.engine.replicas` (what its /scale subresource writes).
 
 from __future__ import annotations
 
-import asyncio
 import copy
 from typing import Any
 
@@ -55,16 +54,12 @@ def test_hpa_is_created_owned_patched_and_follows_suspend() -> None:
             assert _target(patched) == "4"
             assert patched["metadata"]["uid"] == hpa["metadata"]["uid"]  # patched, not replaced
             # A reconcile that read the HPA before the patch landed may patch it once more;
-            # wait for the count to hold still, then a settled HPA must get no more patches.
-            patches = k8s.requests("PATCH", "/horizontalpodautoscalers/chat")
-            for _ in range(20):
-                await asyncio.sleep(0.5)
-                now = k8s.requests("PATCH", "/horizontalpodautoscalers/chat")
-                if now == patches:
+            # once three passes have read it without a patch it has settled, and three more
+            # passes over the settled HPA must not patch it.
+            for _ in range(5):
+                if await _patches_over_passes(k8s, 3) == 0:
                     break
-                patches = now
-            await asyncio.sleep(1.5)  # three resync passes over a settled HPA
-            assert k8s.requests("PATCH", "/horizontalpodautoscalers/chat") == patches
+            assert await _patches_over_passes(k8s, 3) == 0, "a settled HPA was patched again"
 
             await k8s.send("PATCH", f"{ISVCS}/chat", {"spec": {"suspend": True}})
 
@@ -78,6 +73,15 @@ def test_hpa_is_created_owned_patched_and_follows_suspend() -> None:
             assert await eventually(lambda: _engine_replicas(k8s), "engines back") == 2
 
     run(scenario)
+
+
+async def _patches_over_passes(k8s: Cluster, passes: int) -> int:
+    """PATCHes of the HPA while the operator makes `passes` reconcile passes over it. Each
+    pass reads the HPA before it decides whether to patch it: `passes` + 1 reads, so the
+    last of the `passes` passes has finished (its patch, if any, is counted)."""
+    before = k8s.requests("PATCH", "/horizontalpodautoscalers/chat")
+    await k8s.more_requests("GET", "/horizontalpodautoscalers/chat", passes + 1)
+    return k8s.requests("PATCH", "/horizontalpodautoscalers/chat") - before
 
 
 def test_scale_writes_reach_the_deployment_within_the_bounds() -> None:
@@ -137,7 +141,10 @@ def test_an_hpa_deleted_by_hand_is_restored_and_a_foreign_one_left_alone() -> No
             await k8s.send("POST", HPAS, theirs)
             await k8s.create("chat", SMOLLM_CPU)
             await eventually(lambda: k8s.get(f"/api/v1/namespaces/{NS}/services/chat"), "children")
-            await asyncio.sleep(1.5)  # three resync passes: none may delete it
+            # Three passes that read it (to delete an HPA of ours the spec no longer asks
+            # for): none may delete it.
+            await k8s.more_requests("GET", "/horizontalpodautoscalers/chat", 3)
+            assert k8s.requests("DELETE", "/horizontalpodautoscalers/chat") == 0
             left = await k8s.get(f"{HPAS}/chat")
             assert left is not None and "ownerReferences" not in left["metadata"]  # not ours
 
