@@ -1,17 +1,28 @@
 """Bad input: schemathesis against the engine's and the router's own OpenAPI documents.
 
-Every generated body (conforming to the published schema, or violating it) gets no 5xx and
-every 4xx is the error object naming its field; a well-formed request running beside the
-fuzzer is never harmed; the server is healthy afterwards. The oracle is the schema itself
-(schemathesis derives the cases from what /openapi.json says) and the HTTP status contract.
+Every generated body (conforming to the published schema, or violating it) gets an answer, no
+5xx, and every 4xx is the error object naming its field; the same body with a NaN or Infinity
+in it is a 400 naming where; a well-formed request running beside the fuzzer is never harmed;
+the server is healthy afterwards. The oracle is the schema itself (schemathesis derives the
+cases from what /openapi.json says) and the HTTP status contract.
 """
 
 from __future__ import annotations
 
+import socket
+
 import httpx
+import pytest
 
 from tests.engine.server.live_server import LiveServer
-from tests.reliability.api_fuzz import cases_per_route, fuzz, steady_traffic
+from tests.reliability.api_fuzz import (
+    FuzzReport,
+    cases_per_route,
+    fuzz,
+    send_case,
+    steady_traffic,
+    with_non_finite,
+)
 from tests.router.router_proc import Router
 
 ENGINE_PATHS = [
@@ -46,10 +57,7 @@ def _fuzz_and_check(base_url: str, paths: list[str]) -> None:
 
     with steady_traffic(send) as beside:
         report = fuzz(base_url, paths, cases_per_route())
-    print(
-        f"fuzz {base_url}: {report.total} cases {dict(report.cases)} {dict(report.statuses)} "
-        f"timeouts={len(report.timeouts)} {report.timeouts[:3]}"
-    )
+    print(f"fuzz {base_url}: {report.total} cases {dict(report.cases)} {dict(report.statuses)}")
     assert not report.failures, "\n".join(report.failures[:20])
     assert not beside, beside[:5]
     assert report.total >= len(paths) * 2 * min(cases_per_route(), 10)
@@ -98,3 +106,68 @@ def test_limits_are_400s_naming_the_field(tiny_server: LiveServer, tiny_router: 
             assert resp.status_code == 400, (base, path, body, resp.text)
             message = resp.json()["message"]
             assert message.split(":", 1)[0].split(".")[0] == field, (path, message)
+
+
+# ---- non-finite numbers: a 400 naming the field (the same tiny server) --------------------------
+
+CHAT_NAN = b'{"messages": [{"role": "user", "content": NaN}]}'
+TOP_P_NAN = b'{"input_ids": [5], "sampling_params": {"top_p": NaN}}'
+NON_FINITE_CASES = [
+    ("/generate", TOP_P_NAN, "sampling_params.top_p"),
+    ("/generate", b'{"input_ids": [5, Infinity]}', "input_ids[1]"),
+    ("/v1/completions", b'{"prompt": [5], "temperature": -Infinity}', "temperature"),
+    ("/v1/completions", b'{"prompt": [5], "logit_bias": {"5": 1e999}}', "logit_bias.5"),
+    ("/v1/chat/completions", CHAT_NAN, "messages[0].content"),
+    ("/v1/chat/completions", b'{"messages": [], "top_p": Infinity}', "top_p"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("server", ["engine", "router"])
+def test_non_finite_numbers_are_400s_naming_the_field(
+    tiny_server: LiveServer, tiny_router: Router, server: str
+) -> None:
+    base = tiny_server.base_url if server == "engine" else tiny_router.url
+    for path, raw, field in NON_FINITE_CASES:
+        resp = httpx.post(base + path, content=raw, headers={"content-type": "application/json"})
+        assert resp.status_code == 400, (path, raw, resp.text)
+        body = resp.json()
+        assert body["object"] == "error" and body["code"] == 400, body
+        assert body["message"].startswith(f"{field}: expected a finite number"), (raw, body)
+    _check_healthy(base)
+
+
+def test_the_fuzz_corpus_writes_the_literal_where_it_says() -> None:
+    chat = {"messages": [{"role": "user", "content": "hi"}], "n": 2, "stop": None}
+    raw, path = with_non_finite(chat, "-Infinity")
+    assert (raw, path) == (
+        b'{"messages": [{"role": "user", "content": "hi"}], "n": -Infinity, "stop": null}',
+        "n",
+    )
+    raw, path = with_non_finite({"sampling_params": {"stop": ["x"], "top_k": [3]}}, "NaN")
+    assert (raw, path) == (
+        b'{"sampling_params": {"stop": ["x"], "top_k": [NaN]}}',
+        "sampling_params.top_k[0]",
+    )
+    assert with_non_finite({"text": "hi"}, "1e999") == (
+        b'{"text": "hi", "temperature": 1e999}',
+        "temperature",
+    )
+
+
+def test_a_case_without_an_answer_is_a_failure_naming_it() -> None:
+    """A server that takes the connection and never answers (a listening socket nobody
+    accepts on: a hung server) and one that refuses it (a bound port nobody listens on)."""
+    report = FuzzReport()
+    with socket.socket() as hung, socket.socket() as closed:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen()
+        closed.bind(("127.0.0.1", 0))
+        for name, sock in (("hung", hung), ("refused", closed)):
+            url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+            with httpx.Client(base_url=url, timeout=1) as client:
+                got = send_case(client, "/generate", b'{"text": "hi"}', f"POST {name}", report)
+            assert got is None
+    assert len(report.failures) == 2, report.failures
+    assert report.failures[0].startswith("POST hung: no answer (ReadTimeout"), report.failures
+    assert report.failures[1].startswith("POST refused: no answer (ConnectError"), report.failures
+    assert all(f.endswith("""<- b'{"text": "hi"}'""") for f in report.failures)

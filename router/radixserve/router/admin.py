@@ -18,6 +18,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from radixserve.protocol.json_body import BodyError, parse_json_object
 from radixserve.router.engine_api import split_engine_api
 from radixserve.router.proxy import error_response
 from radixserve.router.targets import KVEndpoint, normalize_url
@@ -56,10 +57,10 @@ def _kv_events(raw: Any) -> tuple[KVEndpoint, ...] | None:
 async def _add_worker(request: Request) -> Response:
     state = request.app.state.router
     try:
-        body: Any = await request.json()
-    except ValueError:
-        return error_response("body: malformed JSON", 400)
-    if not isinstance(body, dict) or not isinstance(body.get("url"), str):
+        body = parse_json_object(await request.body())
+    except BodyError as exc:
+        return error_response(str(exc), 400)
+    if not isinstance(body.get("url"), str):
         return error_response("url: expected a string such as http://host:port", 400)
     try:
         kv = _kv_events(body.get("kv_events"))

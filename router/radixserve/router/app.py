@@ -4,13 +4,12 @@
 will (for the prefix match) and forwarded; the engine stays the judge of the request's
 content, so a body the router cannot tokenize is still forwarded and the engine answers it.
 The router itself only rejects what it cannot forward at all (a body that is not a JSON
-object).
+object, or holds NaN or Infinity), with the 400 naming the field that the engine gives.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,6 +24,7 @@ from radixserve.asgi_errors import (
     max_body_bytes_from_env,
 )
 from radixserve.protocol.http_api import INFERENCE_BODIES, openapi_with_bodies
+from radixserve.protocol.json_body import BodyError, parse_json_object
 from radixserve.router.admin import install_admin_routes
 from radixserve.router.auth import ClientKeyMiddleware
 from radixserve.router.config import RouterConfig
@@ -41,14 +41,12 @@ def st(request: Request) -> RouterState:
 
 
 async def read_body(request: Request) -> dict[str, Any] | Response:
-    raw = await request.body()
+    """The body as a JSON object, else a 400 naming the field (the engine's parser): a NaN or
+    Infinity could not be forwarded anyway, as httpx writes standard JSON only."""
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return error_response(f"body: malformed JSON ({exc})", 400)
-    if not isinstance(body, dict):
-        return error_response("body: expected a JSON object", 400)
-    return body
+        return parse_json_object(await request.body())
+    except BodyError as exc:
+        return error_response(str(exc), 400)
 
 
 async def routing_tokens(

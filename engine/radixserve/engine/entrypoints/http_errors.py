@@ -23,6 +23,7 @@ from radixserve.asgi_errors import (
     max_body_bytes_from_env,
 )
 from radixserve.engine.entrypoints.request_builder import InvalidRequest
+from radixserve.protocol.json_body import BodyError, parse_json_object
 
 logger = logging.getLogger(__name__)
 
@@ -69,14 +70,12 @@ def sse_error(message: str, status_code: int) -> bytes:
 
 
 async def read_json_object(request: Request) -> dict[str, Any]:
-    """The body as a JSON object; malformed JSON or another JSON type is a 400."""
+    """The body as a JSON object; malformed JSON, another JSON type or a NaN / Infinity
+    anywhere in it is a 400 naming the field (the router's parser: the same answer there)."""
     try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise InvalidRequest("body: malformed JSON") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("body: expected a JSON object")
-    return body
+        return parse_json_object(await request.body())
+    except BodyError as exc:
+        raise InvalidRequest(str(exc)) from None
 
 
 def _describe(exc: RequestValidationError) -> str:
