@@ -1,8 +1,9 @@
 """Parse a container's argv with the real `radixserve` command-line parser.
 
 Images and rendered Deployments name `radixserve` subcommands and flags; parsing them with the
-parser the container will run proves every flag exists. A subcommand another component has not
-registered yet skips the caller with that reason instead of failing it.
+parser the container will run proves every subcommand and flag exists. A subcommand the CLI
+does not have fails the caller naming the subcommand and where the argv came from (a typo in
+a chart template or the Dockerfile would otherwise crash-loop the pod, not a test).
 """
 
 from __future__ import annotations
@@ -29,16 +30,22 @@ def _command_of(argv: list[str]) -> str:
     return argv[i] if i < len(argv) else ""
 
 
-def parse_cli(argv: list[str]) -> argparse.Namespace:
+def parse_cli(argv: list[str], source: str) -> argparse.Namespace:
+    """`argv` parsed by the real parser; `source` says where it came from (a chart template
+    and its values, a Dockerfile stage) for the failure message."""
     from radixserve.cli import build_parser
 
     parser = build_parser()
     command = _command_of(argv)
-    if command not in _subcommands(parser):
-        pytest.skip(f"`radixserve {command}` is not registered in radixserve.cli yet")
+    known = _subcommands(parser)
+    if command not in known:
+        pytest.fail(
+            f"{source}: `radixserve {command}` is no subcommand of radixserve.cli "
+            f"(it has {', '.join(sorted(known))}); argv {argv}"
+        )
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
             return parser.parse_args(argv)
     except SystemExit:
-        pytest.fail(f"radixserve rejects {argv}: {stderr.getvalue().strip()}")
+        pytest.fail(f"{source}: radixserve rejects {argv}: {stderr.getvalue().strip()}")

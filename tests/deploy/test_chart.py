@@ -82,6 +82,17 @@ def _one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> d
     return found[0]
 
 
+def _template_of(scenario: str, kind: str) -> str:
+    """The chart template that renders the one `kind` object of `scenario`, for messages."""
+    files = render_files(SCENARIOS[scenario], name=RELEASE, namespace=NAMESPACE)
+    [path] = [
+        path
+        for path, text in files.items()
+        if path.endswith(".yaml") and any(d and d["kind"] == kind for d in yaml.safe_load_all(text))
+    ]
+    return f"charts/{path} with the {scenario!r} values"
+
+
 def _container(objects: list[dict[str, Any]]) -> dict[str, Any]:
     pod = _one(objects, "Deployment")["spec"]["template"]["spec"]
     assert len(pod["containers"]) == 1
@@ -164,7 +175,7 @@ def test_operator_reads_the_rendered_settings(scenario: str) -> None:
     assert config.router_image == env["RADIXSERVE_ROUTER_IMAGE"]
     watched = SCENARIOS[scenario].get("watch", {}).get("namespaces", [])
     assert config.namespaces == tuple(watched)
-    args = parse_cli(container["args"])
+    args = parse_cli(container["args"], _template_of(scenario, "Deployment"))
     health = SCENARIOS[scenario].get("healthPort", 8080)
     assert args.liveness == (f"http://0.0.0.0:{health}/healthz" if health else "")
 
@@ -398,3 +409,11 @@ def test_network_policy_value_tells_the_operator_and_grants_it_network_policies(
     assert "RADIXSERVE_NETWORK_POLICY" not in {e["name"] for e in _container(off)["env"]}
     for role in (o for o in off if o["kind"] in ("Role", "ClusterRole")):
         assert not [r for r in _rule_set(role["rules"]) if r[1] == "networkpolicies"]
+
+
+def test_a_subcommand_the_cli_lacks_fails_naming_it_and_the_template() -> None:
+    """A typo in a template's subcommand fails the chart tests instead of skipping them."""
+    source = _template_of("defaults", "Deployment")
+    argv = ["--log-level", "info", "operatr", "--liveness", ""]
+    with pytest.raises(pytest.fail.Exception, match="deployment.yaml .*`radixserve operatr`"):
+        parse_cli(argv, source)

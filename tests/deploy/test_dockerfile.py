@@ -15,6 +15,7 @@ from importlib import metadata
 import pytest
 from packaging.requirements import Requirement
 
+from tests.child_env import child_env
 from tests.deploy.cli import parse_cli
 from tests.deploy.render import REPO
 
@@ -161,7 +162,7 @@ def test_engine_command_is_the_serving_command(stages: dict[str, Stage]) -> None
     engine = stages["engine"]
     argv = _exec_form(engine, "CMD")
     assert argv[:3] == ["serve", "--model-path", "smollm2-135m"]
-    args = parse_cli(argv)  # the real radixserve parser accepts every flag
+    args = parse_cli(argv, "Dockerfile, stage engine, CMD")  # the real parser takes every flag
     assert (args.host, args.port, args.kv_events_port) == ("0.0.0.0", 30000, 5557)
     exposed = {int(p) for line in engine.args("EXPOSE") for p in line.split()}
     # HTTP, KV events, and their replay socket on port + 1
@@ -172,7 +173,7 @@ def test_engine_command_is_the_serving_command(stages: dict[str, Stage]) -> None
 def test_torch_free_commands_parse(stages: dict[str, Stage], target: str) -> None:
     argv = _exec_form(stages[target], "CMD")
     assert argv[0] == target
-    parse_cli(argv)
+    parse_cli(argv, f"Dockerfile, stage {target}, CMD")
 
 
 def test_build_context_holds_what_is_copied(stages: dict[str, Stage]) -> None:
@@ -200,7 +201,9 @@ def test_torchless_clis_start_with_torch_unimportable(command: str) -> None:
         "from radixserve.cli import main\n"
         f"main([{command!r}, '--help'])"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/tmp")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd="/tmp", env=child_env()
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "usage:" in out.stdout
 
