@@ -1,11 +1,39 @@
-"""Shared fixtures: the real SmolLM2 model (engine and transformers oracle) and helpers."""
+"""Shared fixtures: the real SmolLM2 model (engine and transformers oracle) and helpers.
+
+TRITON_INTERPRET=1 is set here, on a machine without CUDA, before pytest imports any test
+module: Triton reads it when a kernel is decorated, so the first module to import
+radixserve.kernels (a kernel test, but just as well an engine or layer test collected before
+it) fixes interpreted or compiled for the whole run. It is this process's only:
+tests/child_env.py keeps it out of the engines and routers the tests start.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+# A CUDA (or ROCm) device needs its driver's device nodes; without any, torch cannot see one.
+GPU_DEVICE_NODES = (Path("/dev/nvidiactl"), Path("/dev/kfd"))
+
+
+def has_cuda() -> bool:
+    """torch's answer (what the `gpu` cases go by), asked only where a GPU driver is present,
+    so that a torch-free run on a CPU machine does not import torch for it."""
+    if not any(node.exists() for node in GPU_DEVICE_NODES):
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+if not has_cuda():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 SMOLLM = "smollm2-135m"
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.child_env import child_env
+
 ROOT = Path(__file__).resolve().parents[2]
 MAX_MODULE_LINES = 800
 SOURCE_DIRS = ["common", "engine", "kernels", "router", "operator"]
@@ -37,7 +39,12 @@ def test_torch_free_packages_import_neither_torch_nor_engine(package: str) -> No
         )
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/"
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
+        env=child_env(),
     )
     assert result.stdout.strip() == "", f"{package} imports {result.stdout.strip()}"
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.child_env import child_env
+
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE_ROOTS = ["common", "engine", "kernels", "router", "operator"]
 
@@ -59,7 +61,7 @@ def _run(script: str, tree: Path, *args: str) -> subprocess.CompletedProcess[str
     roots = ":".join(str(tree / r) for r in SOURCE_ROOTS)
     return subprocess.run(
         [sys.executable, "-c", script, roots, str(ROOT), *args],
-        capture_output=True, text=True, cwd=tree, timeout=300,
+        capture_output=True, text=True, cwd=tree, timeout=300, env=child_env(),
     )  # fmt: skip
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.child_env import child_env
 from tests.engine.models.tiny import save_tiny
 
 WORKLOAD = (
@@ -37,6 +38,7 @@ def _bench(model: Path, out: Path, *flags: str) -> tuple[str, dict]:
         text=True,
         timeout=600,
         cwd=out.parent,
+        env=child_env(),
     )
     assert run.returncode == 0, run.stderr[-3000:]
     return run.stdout, json.loads(out.read_text())
@@ -77,6 +79,7 @@ def test_failed_requests_are_counted_and_fail_the_run(model: Path, tmp_path: Pat
         capture_output=True,
         text=True,
         timeout=600,
+        env=child_env(),
     )
     assert run.returncode == 1
     assert "8 requests failed" in run.stderr and "the prompt has 264 tokens" in run.stderr

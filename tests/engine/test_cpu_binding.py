@@ -14,6 +14,7 @@ import pytest
 from radixserve.engine.configs.cpu_features import parse_cpu_list
 from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.managers.cpu_binding import cgroup_cpu_limit, cpus_for_process
+from tests.child_env import child_env
 
 
 def test_cpu_lists_parse_and_bad_ones_name_the_flag() -> None:
@@ -67,7 +68,9 @@ print(torch.get_num_threads(), sorted(a for _, a in allowed), flush=True)
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler: threads not pinned")
 def test_binding_pins_the_calling_thread_and_sets_the_thread_count() -> None:
-    run = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300, env=child_env()
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     threads, allowed = run.stdout.split(" ", 1)
     assert threads == "1"

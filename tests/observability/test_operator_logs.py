@@ -13,13 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.child_env import child_env
+
 EXE = os.path.join(os.path.dirname(sys.executable), "radixserve")
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def test_operator_logs_are_json_lines(tmp_path: Path) -> None:
-    env = {**os.environ, "KUBECONFIG": "/nonexistent"}
+    env = child_env({"KUBECONFIG": "/nonexistent"})
     env.pop("KUBERNETES_SERVICE_HOST", None)
     cmd = [EXE, "operator", "--log-format", "json", "--liveness", ""]
     # stderr to a file, not a pipe: kopf keeps logging its login retries, and a pipe nobody

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from radixserve.protocol.block_hash import block_hashes, digest_to_int64, hash_page, hash_pages
+from tests.child_env import child_env
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 GOLDEN = FIXTURES / "block_hash_golden.json"
@@ -40,7 +41,11 @@ def test_golden_page_size_16_two_full_pages() -> None:
 
 def test_golden_file_agrees_with_the_independent_generator() -> None:
     out = subprocess.run(
-        [sys.executable, str(GENERATOR), "--check"], capture_output=True, text=True, check=False
+        [sys.executable, str(GENERATOR), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=child_env(),
     )
     assert out.returncode == 0, out.stderr
 
@@ -56,6 +61,7 @@ def test_generator_check_mode_fails_on_drift(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         check=False,
+        env=child_env(),
     )
     assert out.returncode != 0
     assert "page_size_16" in out.stderr

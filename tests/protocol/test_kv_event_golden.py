@@ -16,6 +16,7 @@ import pytest
 
 from radixserve.protocol import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from radixserve.protocol.kv_events import decode_batch, encode_batch
+from tests.child_env import child_env
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 GENERATOR = FIXTURES / "make_kv_event_golden.py"
@@ -52,7 +53,11 @@ def test_each_engines_payload_decodes_to_its_meaning(name: str) -> None:
 
 def test_fixtures_have_not_drifted() -> None:
     done = subprocess.run(
-        [sys.executable, str(GENERATOR), "--check"], capture_output=True, text=True, timeout=60
+        [sys.executable, str(GENERATOR), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(),
     )
     assert done.returncode == 0, done.stderr
 
