@@ -25,6 +25,7 @@ from radixserve.engine.layers.parallel_linear import (
 )
 from radixserve.engine.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 from radixserve.kernels.cpu.amx_gemm import AmxWeight
+from radixserve.kernels.cpu.rowwise_gemm import RowwiseWeight, build_rowwise_gemm
 from tests.kernels.amx import amx_gemm_or_none, amx_gemm_or_skip
 
 pytestmark = pytest.mark.skipif(
@@ -71,15 +72,21 @@ def test_prepacked_projections_equal_f_linear_bit_for_bit(rows: int) -> None:
 
 
 @pytest.mark.parametrize("rows", [0, 1, 7, 32, 256, 700])
-def test_amx_packed_projections_match_float32_f_linear(rows: int) -> None:
-    amx = amx_gemm_or_skip()
+@pytest.mark.parametrize("kernel", ["amx", "rowwise"])
+def test_kernel_packed_projections_match_float32_f_linear(rows: int, kernel: str) -> None:
+    """The AMX kernel, or the row-invariant one (deterministic inference: passed as the second
+    kernel, it packs what AMX does not take)."""
+    amx = amx_gemm_or_skip() if kernel == "amx" else None
+    rowwise = build_rowwise_gemm() if kernel == "rowwise" else None
+    packed_type = AmxWeight if kernel == "amx" else RowwiseWeight
     # The row-parallel bias is added by torch after the reduction (a second rounding), so that
     # layer goes without one here; the column layers' bias is the kernel's.
     for layer in _layers(row_bias=False):
         weight = layer.weight.data.clone()
         bias = layer.bias.data.float() if layer.bias is not None else None
         x = torch.randn(rows, weight.shape[1] + 5).to(torch.bfloat16)[:, : weight.shape[1]]
-        assert layer.prepack_cpu(amx) == "amx" and isinstance(layer.packed, AmxWeight)
+        assert layer.prepack_cpu(amx, rowwise) == kernel
+        assert isinstance(layer.packed, packed_type)
         want = F.linear(x.float(), weight.float(), bias)
         spread = F.linear(x.float().abs(), weight.float().abs())
         if bias is not None:
@@ -130,9 +137,16 @@ def test_smollm2_greedy_tokens_are_the_same_packed_and_unpacked() -> None:
     assert outputs["default"] == outputs["plain"]
 
 
+@pytest.mark.parametrize("kernel", ["amx", "rowwise", "none"])
 @pytest.mark.parametrize("tied", [True, False])
-def test_amx_packed_lm_head_matches_f_linear_and_keeps_only_a_tied_matrix(tied: bool) -> None:
-    amx = amx_gemm_or_skip()
+def test_packed_lm_head_writes_float32_logits_and_keeps_only_a_tied_matrix(
+    tied: bool, kernel: str
+) -> None:
+    """Whichever way the CPU head multiplies (AMX kernel, row-invariant kernel, or a float32
+    copy where neither builds), its logits are float32 sums of the bf16 products, not rounded
+    to bf16 (where a logit near 16-32 moves in steps of 0.125 and near-ties are common)."""
+    amx = amx_gemm_or_skip() if kernel == "amx" else None
+    rowwise = build_rowwise_gemm() if kernel == "rowwise" else None
     single = GroupHandle.single()
     embed = _filled(VocabParallelEmbedding(96, 64, single), 6, torch.bfloat16)
     head = ParallelLMHead(96, 64, single, embed if tied else None)
@@ -140,10 +154,13 @@ def test_amx_packed_lm_head_matches_f_linear_and_keeps_only_a_tied_matrix(tied: 
         head = _filled(head, 7, torch.bfloat16)
     weight = head.weight.data.clone()
     hidden = torch.randn(33, 64).to(torch.bfloat16)
-    assert head.prepack_cpu(amx) and not head.prepack_cpu(amx)  # once
+    layout = {"amx": "amx", "rowwise": "rowwise", "none": "float32"}[kernel]
+    assert head.prepack_cpu(amx, rowwise) == layout and head.prepack_cpu(amx, rowwise) is None
     want = F.linear(hidden.float(), weight.float())
-    bound = want.abs() * 2.0**-8 + F.linear(hidden.float().abs(), weight.float().abs()) * 2.0**-20
-    assert bool(((head(hidden).float() - want).abs() <= bound + 1e-30).all())
+    bound = F.linear(hidden.float().abs(), weight.float().abs()) * 2.0**-20  # reordering only
+    got = head(hidden)
+    assert got.dtype == torch.float32
+    assert bool(((got - want).abs() <= bound + 1e-30).all())
     # tied: the embedding still reads the same matrix; untied: no second copy is kept
     assert (head.weight is embed.weight) if tied else (head.weight is None)
     assert torch.equal(embed(torch.tensor([0, 95])), embed.weight.data[[0, 95]])

@@ -16,6 +16,13 @@ rows go through one kernel call per layer instead: it reads K/V from the pool's 
 queries of a request into matrix products; measured in docs/benchmarks.md), and the PyTorch
 decode path stays as the fallback where the kernel is missing or the tensors don't suit it.
 
+Deterministic inference (`deterministic=True`, which needs the kernel): every query token,
+of a prefill chunk, an extend over a cached prefix or a decode, is one row of the kernel's
+plain entry, which computes each row alone in a fixed order. A token's attention is then the
+same bits whatever else ran in its forward, whether its prefix came from the cache, and
+wherever a chunk boundary fell; SDPA (blocked by the query count) and the shared-prefix
+entries (split at the prefix) are not used. docs/determinism.md gives its cost.
+
 The reference backend (`torch_backend.py`) computes the same attention; tests compare them.
 """
 
@@ -111,7 +118,33 @@ def _extend_row(slots: torch.Tensor, start: int, prefix: int, ext: int) -> Exten
     return ExtendRow(start, ext, slots.long(), mask)
 
 
-def build_metadata(fb: ForwardBatch) -> ForwardMetadata:
+def _every_token_rows(fb: ForwardBatch) -> DecodeRows:
+    """Every new token of an extend-like batch as a kernel row: token j of request i reads
+    the first prefix_i + j + 1 slots of row i (deterministic inference)."""
+    kv_row: list[int] = []
+    kv_len: list[int] = []
+    for i, (prefix, ext) in enumerate(
+        zip(fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu, strict=True)
+    ):
+        kv_row += [i] * ext
+        kv_len += range(prefix + 1, prefix + ext + 1)
+    device = fb.seq_lens.device
+    tokens = torch.arange(len(kv_row), dtype=torch.int64, device=device)
+    empty = torch.empty(0, dtype=torch.bool, device=device)
+    return DecodeRows(
+        req_index=torch.tensor(kv_row, dtype=torch.int64, device=device),
+        token_index=tokens,
+        slots=fb.req_kv_rows(max(fb.seq_lens_cpu)),
+        seq_lens=torch.tensor(kv_len, dtype=torch.int64, device=device),
+        flat_slots=tokens,  # unused: the kernel reads `slots` (no PyTorch fallback here)
+        max_len=max(kv_len, default=0),
+        mask=empty,
+    )
+
+
+def build_metadata(fb: ForwardBatch, deterministic: bool = False) -> ForwardMetadata:
+    if deterministic and not fb.forward_mode.is_decode():
+        return ForwardMetadata(_every_token_rows(fb), ())
     if fb.forward_mode.is_decode():
         rows = list(range(fb.batch_size))
         return ForwardMetadata(_decode_rows(fb, rows, rows), ())
@@ -141,15 +174,21 @@ def build_metadata(fb: ForwardBatch) -> ForwardMetadata:
 
 
 class GroupedAttnBackend(AttentionBackend):
-    """`kernel`: the C++ paged attention for the one-token rows (None: PyTorch only)."""
+    """`kernel`: the C++ paged attention for the one-token rows (None: PyTorch only);
+    `deterministic`: every token through its plain entry (see the module docstring)."""
 
-    def __init__(self, kernel: PagedAttentionKernel | None = None) -> None:
+    def __init__(
+        self, kernel: PagedAttentionKernel | None = None, deterministic: bool = False
+    ) -> None:
+        if deterministic and kernel is None:
+            raise ValueError("deterministic attention needs the C++ paged kernel (not built)")
         self._kernel = kernel
+        self._deterministic = deterministic
         self._meta: ForwardMetadata | None = None
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
-        meta = build_metadata(forward_batch)
-        if self._kernel is None or self._kernel.shared_fn is None:
+        meta = build_metadata(forward_batch, self._deterministic)
+        if self._kernel is None or self._kernel.shared_fn is None or self._deterministic:
             self._meta = meta
             return
         if meta.prefix_groups:
@@ -177,6 +216,16 @@ class GroupedAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         """q [b, Hq·D] (one token per request, rows may be strided) → [b, Hq, D]."""
         q3 = q.unflatten(1, (layer.num_heads, layer.head_dim))
+        if self._deterministic:
+            assert self._kernel is not None  # checked in __init__
+            if not PagedAttentionKernel.supports(q3, k_cache, rows.slots):
+                raise RuntimeError(
+                    f"deterministic attention: the paged kernel does not take q {q3.dtype} "
+                    f"{tuple(q3.stride())}, KV {k_cache.dtype}"
+                )
+            return self._kernel(
+                q3, k_cache, v_cache, rows.slots, rows.req_index, rows.seq_lens, layer.scaling
+            )
         if self._kernel is not None and PagedAttentionKernel.supports(q3, k_cache, rows.slots):
             args = (q3, k_cache, v_cache, rows.slots, rows.req_index, rows.seq_lens, layer.scaling)
             if rows.shared is not None:

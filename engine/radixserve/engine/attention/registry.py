@@ -11,9 +11,17 @@ from radixserve.engine.attention.spec import AttentionSpec
 from radixserve.engine.attention.torch_backend import TorchNativeAttnBackend
 
 
-def _grouped(_spec: AttentionSpec | None) -> AttentionBackend:
-    """The grouped backend with the C++ CPU kernel where it builds (PyTorch path otherwise)."""
-    return GroupedAttnBackend(load_paged_kernel())
+def _grouped(spec: AttentionSpec | None) -> AttentionBackend:
+    """The grouped backend with the C++ CPU kernel where it builds (PyTorch path otherwise;
+    deterministic inference refuses to start without it)."""
+    deterministic = spec is not None and spec.deterministic
+    kernel = load_paged_kernel()
+    if deterministic and kernel is None:
+        raise RuntimeError(
+            "enable_deterministic_inference: the C++ paged attention kernel could not be "
+            "built here (see the warning above); it is the one attention path it relies on"
+        )
+    return GroupedAttnBackend(kernel, deterministic)
 
 
 def _triton(spec: AttentionSpec | None) -> AttentionBackend:

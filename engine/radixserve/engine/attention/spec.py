@@ -22,3 +22,4 @@ class AttentionSpec:
     max_batch_size: int  # rows of req_to_token: the most requests in one forward
     max_context_len: int  # the longest sequence a request may reach
     page_size: int = 1
+    deterministic: bool = False  # --enable-deterministic-inference (grouped backend only)

@@ -30,6 +30,10 @@ _HELP: Mapping[str, str] = MappingProxyType(
         "disable_fused_ops": "PyTorch norm/SiLU/rotary/MoE, not the fused C++ (CPU) / Triton ops",
         "disable_weight_prepack": "CPU bf16: plain weights and F.linear, not packed at load",
         "disable_amx_gemm": "CPU bf16: oneDNN projections even where the AMX kernel could run",
+        "enable_deterministic_inference": (
+            "greedy output independent of batching, cache hits and chunking (CPU, grouped "
+            "backend): row-invariant projections and one attention path for every token"
+        ),
         "cpu_bind": "CPU: none (the OS places threads) | auto (pinned to own cores) | 0-3|4-7",
         "tp_size": "tensor-parallel ranks (one scheduler process each)",
         "dp_size": "data-parallel ranks: independent scheduling groups of tp_size ranks each",

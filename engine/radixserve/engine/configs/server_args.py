@@ -74,6 +74,11 @@ class ServerArgs:
     # F.linear (the A/B). disable_amx_gemm packs for oneDNN even with AMX (the A/B of the kernel)
     disable_weight_prepack: bool = False
     disable_amx_gemm: bool = False
+    # Greedy output that does not depend on the batch a request ran in, on a cache hit or on
+    # chunking (SGLang's flag): every projection through a row-invariant kernel (AMX, else
+    # kernels/cpu/rowwise_gemm.cpp, never oneDNN) and every query token's attention through
+    # the paged kernel's one path (CPU, grouped backend). docs/determinism.md: what it costs
+    enable_deterministic_inference: bool = False
     # CPU: leave the torch threads to the OS (none), or pin each scheduler process's threads
     # to its share of the allowed CPUs (auto) or to per-process groups "0-3|4-7"
     # (managers/cpu_binding.py; none is the default: measured no faster in serving here)
@@ -181,6 +186,32 @@ class ServerArgs:
         graph_bs = self.cuda_graph_max_bs
         _check(
             graph_bs is None or graph_bs >= 1, "cuda_graph_max_bs", f"must be ≥ 1, got {graph_bs}"
+        )
+        self._check_deterministic()
+
+    def _check_deterministic(self) -> None:
+        """Deterministic inference exists for the CPU's grouped backend in bfloat16 or
+        float32, with the packed (row-invariant) projections; refuse what it does not cover
+        rather than serve answers that only look deterministic."""
+        if not self.enable_deterministic_inference:
+            return
+        name = "enable_deterministic_inference"
+        _check(self.device == "cpu", name, f"runs on the CPU only for now, not {self.device}")
+        _check(
+            self.resolved_attention_backend == "grouped",
+            name,
+            f"needs --attention-backend grouped, got {self.attention_backend!r}",
+        )
+        _check(
+            not self.disable_weight_prepack,
+            name,
+            "needs the packed projections (drop --disable-weight-prepack)",
+        )
+        _check(self.tp_size == 1 and self.ep_size == 1, name, "runs with tp_size = ep_size = 1")
+        _check(
+            self.resolved_dtype == "bfloat16",
+            name,
+            f"runs in bfloat16 (the packed kernels' dtype), got {self.resolved_dtype}",
         )
 
     def _check_parallelism(self) -> None:
@@ -292,7 +323,8 @@ class ServerArgs:
             f"device={self.device} dtype={self.resolved_dtype} "
             f"attention_backend={self.resolved_attention_backend} "
             f"schedule_policy={self.schedule_policy} chunked_prefill_size={self.chunk_size} "
-            f"overlap_schedule={self.overlap_schedule} page_size={self.page_size}"
+            f"overlap_schedule={self.overlap_schedule} page_size={self.page_size} "
+            f"deterministic={self.enable_deterministic_inference}"
             + (
                 f" cpu_bind={self.cpu_bind}"
                 if self.device == "cpu"

@@ -31,4 +31,4 @@ class LogitsProcessor(nn.Module):
         else:
             ends = torch.tensor(forward_batch.extend_seq_lens_cpu, device=hidden.device).cumsum(0)
             last = hidden[ends - 1]
-        return LogitsProcessorOutput(lm_head(last).float())
+        return LogitsProcessorOutput(lm_head(last))

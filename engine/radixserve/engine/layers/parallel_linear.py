@@ -25,7 +25,9 @@ from torch import nn
 
 from radixserve.engine.distributed import GroupHandle
 from radixserve.engine.model_loader.weight import Weight, read_slice, weight_shape
-from radixserve.kernels.cpu.amx_gemm import AmxGemm, AmxWeight
+from radixserve.kernels.cpu.amx_gemm import AmxGemm
+from radixserve.kernels.cpu.packed_gemm import PackedWeight
+from radixserve.kernels.cpu.rowwise_gemm import RowwiseGemm
 
 # oneDNN picks its blocked layout for a batch size; one layout serves every batch. Measured
 # (docs/benchmarks.md): packed for 256 rows it is faster than per-call reordering from 1 to
@@ -46,17 +48,26 @@ class _Prepackable(nn.Module):
     """The packed-weight slot shared by both layers, and the projection through it."""
 
     weight: nn.Parameter | None
-    packed: torch.Tensor | AmxWeight | None = None
+    packed: torch.Tensor | PackedWeight | None = None
 
-    def prepack_cpu(self, amx: AmxGemm | None = None) -> str | None:
+    def prepack_cpu(
+        self, amx: AmxGemm | None = None, rowwise: RowwiseGemm | None = None
+    ) -> str | None:
         """Replace the weight by its packed copy, for `amx` where given and the shape fits,
-        else for oneDNN (no second copy is kept: loading is over). Returns the layout used,
-        "amx" or "onednn", or None, changing nothing, where the weight cannot be packed."""
+        else for `rowwise` where given (deterministic inference: its rows are batch-invariant,
+        oneDNN's are not), else for oneDNN (no second copy is kept: loading is over). Returns
+        the layout used, "amx", "rowwise" or "onednn", or None, changing nothing, where the
+        weight cannot be packed."""
         if self.weight is None or self.packed is not None or not can_prepack(self.weight):
             return None
         amx_packed = amx.pack(self.weight.data) if amx is not None else None
+        rowwise_packed = (
+            rowwise.pack(self.weight.data) if rowwise is not None and amx_packed is None else None
+        )
         if amx_packed is not None:
             self.packed, layout = amx_packed, "amx"
+        elif rowwise_packed is not None:
+            self.packed, layout = rowwise_packed, "rowwise"
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.data, PACK_BATCH_HINT)
             layout = "onednn"
@@ -64,7 +75,7 @@ class _Prepackable(nn.Module):
         return layout
 
     def _project(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if isinstance(self.packed, AmxWeight):
+        if isinstance(self.packed, PackedWeight):
             return self.packed.linear(x, bias)
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixserve.engine.layers.vocab_parallel import float32_logits
+
 
 class VocabEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
@@ -27,4 +29,5 @@ class LMHead(nn.Module):
             self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.weight)
+        """Float32 logits whatever the dtype (see ParallelLMHead.forward)."""
+        return float32_logits(hidden, self.weight)

@@ -13,7 +13,9 @@ from torch import nn
 
 from radixserve.engine.distributed import GroupHandle
 from radixserve.engine.model_loader.weight import Weight, read_slice, weight_shape
-from radixserve.kernels.cpu.amx_gemm import AmxGemm, AmxWeight
+from radixserve.kernels.cpu.amx_gemm import AmxGemm
+from radixserve.kernels.cpu.packed_gemm import PackedWeight
+from radixserve.kernels.cpu.rowwise_gemm import RowwiseGemm
 
 
 def padded_vocab_size(vocab_size: int, tp_size: int) -> int:
@@ -58,7 +60,8 @@ class ParallelLMHead(nn.Module):
     """hidden → full-vocabulary logits; `tie_to` shares the embedding's shard."""
 
     weight: nn.Parameter | None
-    packed: AmxWeight | None = None
+    packed: PackedWeight | None = None
+    weight_f32: torch.Tensor | None = None  # CPU without either kernel: see prepack_cpu
 
     def __init__(
         self,
@@ -79,33 +82,57 @@ class ParallelLMHead(nn.Module):
             self.weight = nn.Parameter(torch.zeros(num_local, hidden_size), requires_grad=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [B, hidden] → logits [B, vocab] (all-gathered over the group)."""
+        """hidden: [B, hidden] → float32 logits [B, vocab] (all-gathered over the group).
+
+        Float32 whatever the model dtype: a bf16 logit near 16-32 moves in steps of 0.125, so
+        near-ties between tokens were common and which one won depended on rounding (a cache
+        hit could change a greedy answer)."""
         if self.packed is not None:
-            local = self.packed.linear(hidden)
+            local = self.packed.linear(hidden, out_dtype=torch.float32)
+        elif self.weight_f32 is not None:
+            local = F.linear(hidden.float(), self.weight_f32)
         else:
             assert self.weight is not None, "weight released by prepack_cpu but not packed"
-            local = F.linear(hidden, self.weight)
+            local = float32_logits(hidden, self.weight)
         if self.tp.size == 1:
             return local
         return self.tp.all_gather(local, dim=-1)[:, : self.vocab_size]
 
     def load_full(self, w: Weight, is_bias: bool = False) -> None:
-        if self.packed is not None or self.weight is None:
+        if self.packed is not None or self.weight_f32 is not None or self.weight is None:
             raise ValueError("the weight was prepacked: load before prepack_cpu")
         load_vocab_rows(self.weight, w, self.start, self.vocab_size)
 
-    def prepack_cpu(self, amx: AmxGemm) -> bool:
-        """Multiply through a copy of the weight packed for the AMX kernel (CPU bfloat16),
-        which reads it about twice as fast as F.linear for decode batches (docs/benchmarks.md)
-        with the same float32 accumulation. Loading is over: an untied weight is released (no
-        second copy); a tied one stays, as the embedding's (one more vocab × hidden matrix in
-        memory then). Returns False, changing nothing, where the kernel does not take it."""
-        if self.packed is not None or self.weight is None:
-            return False
-        packed = amx.pack(self.weight.data)
-        if packed is None:
-            return False
-        self.packed = packed
+    def prepack_cpu(self, amx: AmxGemm | None, rowwise: RowwiseGemm | None) -> str | None:
+        """Multiply through a packed copy of the (CPU bfloat16) weight: for the AMX kernel,
+        which reads it about twice as fast as F.linear for decode batches (docs/benchmarks.md),
+        else for the row-invariant kernel; both accumulate in float32 and write float32 logits,
+        and each row's logits are the same whatever the batch. Without either (no compiler) a
+        float32 copy: torch's CPU matmul has no bf16 → f32 output, and products of bf16 values
+        are exact in float32, so it is the same sum unrounded. Loading is over: an untied
+        weight is released (no second copy); a tied one stays, as the embedding's. Returns the
+        layout ("amx", "rowwise" or "float32"), or None, changing nothing, where the weight is
+        already packed or not bfloat16."""
+        done = self.packed is not None or self.weight_f32 is not None
+        if done or self.weight is None or self.weight.dtype != torch.bfloat16:
+            return None
+        for kernel, name in ((amx, "amx"), (rowwise, "rowwise")):
+            packed = kernel.pack(self.weight.data) if kernel is not None else None
+            if packed is not None:
+                self.packed, layout = packed, name
+                break
+        else:
+            self.weight_f32, layout = self.weight.data.float(), "float32"
         if not self.tied:
             self.register_parameter("weight", None)
-        return True
+        return layout
+
+
+def float32_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """hidden · weightᵀ accumulated and returned in float32 for any input dtype: CUDA's
+    matmul writes float32 from bf16/fp16 directly; elsewhere both are widened first."""
+    if weight.dtype == torch.float32:
+        return F.linear(hidden, weight)
+    if hidden.is_cuda:
+        return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+    return F.linear(hidden.float(), weight.float())

@@ -44,6 +44,8 @@ from radixserve.engine.models import get_model_class
 from radixserve.engine.models.base import CausalLM
 from radixserve.kernels.cpu.amx_gemm import load_amx_gemm
 from radixserve.kernels.cpu.fused_ops import load_fused_ops
+from radixserve.kernels.cpu.packed_gemm import PackedWeight
+from radixserve.kernels.cpu.rowwise_gemm import load_rowwise_gemm
 from radixserve.kernels.fused_ops_protocol import FusedMoeOps, FusedOps
 from radixserve.logging_setup import iter_progress
 
@@ -125,6 +127,19 @@ def attach_fused_ops(model: nn.Module, ops: FusedOps | None, moe: FusedMoeOps | 
             module.fused = moe
 
 
+def _require_row_invariant(model: nn.Module) -> None:
+    """Deterministic inference: every projection packed (now, or by the engine whose weights
+    these are: EngineCore.with_args) for a row-invariant kernel, AMX or rowwise."""
+    projections = (ColumnParallelLinear, RowParallelLinear)
+    layers = [m for m in model.modules() if isinstance(m, projections)]
+    loose = [type(m).__name__ for m in layers if not isinstance(m.packed, PackedWeight)]
+    if loose:
+        raise RuntimeError(
+            f"enable_deterministic_inference: {len(loose)} projection(s) ({sorted(set(loose))}) "
+            "could not be packed for a row-invariant kernel (AMX or rowwise; see the warnings)"
+        )
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -184,22 +199,30 @@ class ModelRunner:
 
     def _prepack_cpu_weights(self) -> None:
         """CPU bfloat16: every projection's weight packed once, for the AMX kernel where it
-        runs, else for oneDNN (parallel_linear)."""
+        runs, else for oneDNN, or in deterministic inference for the row-invariant kernel
+        (parallel_linear); the LM head for either kernel (float32 logits, vocab_parallel)."""
         if self.device.type != "cpu" or self.args.disable_weight_prepack:
             return
+        deterministic = self.args.enable_deterministic_inference
+        if deterministic and self.model_config.moe is not None:
+            raise RuntimeError("enable_deterministic_inference: MoE models are not covered yet")
         amx = None if self.args.disable_amx_gemm else load_amx_gemm()
+        rowwise = load_rowwise_gemm()
         layouts: list[str | None] = []
-        heads = 0
+        heads: list[str | None] = []
         for m in self.model.modules():
             if isinstance(m, (ColumnParallelLinear, RowParallelLinear)):
-                layouts.append(m.prepack_cpu(amx))
-            elif amx is not None and isinstance(m, ParallelLMHead):
-                heads += m.prepack_cpu(amx)
-        if any(layouts):
+                layouts.append(m.prepack_cpu(amx, rowwise if deterministic else None))
+            elif isinstance(m, ParallelLMHead):
+                heads.append(m.prepack_cpu(amx, rowwise))
+        if deterministic:
+            _require_row_invariant(self.model)
+        if any(layouts) or any(heads):
             logger.info(
-                "weight_prepack: %d of %d projections (amx %d, onednn %d), lm_head amx %d",
-                sum(x is not None for x in layouts), len(layouts),
-                layouts.count("amx"), layouts.count("onednn"), heads,
+                "weight_prepack: %d of %d projections (amx %d, rowwise %d, onednn %d), "
+                "lm_head %s",
+                sum(x is not None for x in layouts), len(layouts), layouts.count("amx"),
+                layouts.count("rowwise"), layouts.count("onednn"), heads,
             )  # fmt: skip
 
     def _create_backend(self) -> AttentionBackend:
@@ -208,6 +231,7 @@ class ModelRunner:
         spec = AttentionSpec(
             heads, self.num_local_kv_heads, c.head_dim, c.dtype, self.device,
             self.sizes.max_num_reqs, c.context_len + 4, self.args.page_size,
+            self.args.enable_deterministic_inference,
         )  # fmt: skip
         logger.info("attention_backend=%s (requested %s)", name, self.args.attention_backend)
         return create_attention_backend(name, spec)

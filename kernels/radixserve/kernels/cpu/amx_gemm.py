@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from radixserve.kernels.cpu.build import KERNEL_DIR, bind, check_rc, open_library
+from radixserve.kernels.cpu.packed_gemm import PackedWeight, call_linear
 
 logger = logging.getLogger(__name__)
 
@@ -32,22 +33,8 @@ _SIGNATURES: dict[str, list[Any]] = {
 }
 
 
-@dataclass(frozen=True)
-class AmxWeight:
-    """A weight [n, k] in the kernel's tile order (`data`: n·k bfloat16 values), with the
-    kernel that packed it (`linear` multiplies through it)."""
-
-    data: torch.Tensor
-    n: int
-    k: int
-    kernel: AmxGemm
-
-    def linear(
-        self, x: torch.Tensor, bias: torch.Tensor | None = None,
-        out_dtype: torch.dtype = torch.bfloat16,
-    ) -> torch.Tensor:  # fmt: skip
-        """x [..., k] → x · Wᵀ (+ bias): `AmxGemm.linear` with this weight."""
-        return self.kernel.linear(x, self, bias, out_dtype)
+class AmxWeight(PackedWeight):
+    """A weight [n, k] in the AMX kernel's tile order (n·k bfloat16 values)."""
 
 
 def packable(weight: torch.Tensor) -> bool:
@@ -84,31 +71,13 @@ class AmxGemm:
     def linear(
         self,
         x: torch.Tensor,
-        w: AmxWeight,
+        w: PackedWeight,
         bias: torch.Tensor | None = None,
         out_dtype: torch.dtype = torch.bfloat16,
     ) -> torch.Tensor:
         """x [..., k] bfloat16 → x · Wᵀ (+ bias) [..., n] in out_dtype (bfloat16 or float32),
         accumulated in float32 and rounded once."""
-        if x.dtype != torch.bfloat16 or not x.is_cpu or x.shape[-1] != w.k:
-            raise ValueError(f"amx linear takes CPU bfloat16 [..., {w.k}], got {x.dtype} {x.shape}")
-        if out_dtype not in (torch.bfloat16, torch.float32):
-            raise ValueError(f"amx linear writes bfloat16 or float32, not {out_dtype}")
-        if bias is not None and not (
-            bias.dtype == torch.bfloat16 and bias.is_contiguous() and bias.numel() == w.n
-        ):
-            raise ValueError(f"amx linear bias must be contiguous bfloat16 [{w.n}]")
-        rows = x.reshape(-1, w.k)
-        if rows.stride(1) != 1:
-            rows = rows.contiguous()
-        out = torch.empty((rows.shape[0], w.n), dtype=out_dtype)
-        rc = self.lib.radixserve_amx_linear(
-            rows.data_ptr(), rows.shape[0], rows.stride(0), w.data.data_ptr(), w.n, w.k,
-            bias.data_ptr() if bias is not None else None, out.data_ptr(), w.n,
-            int(out_dtype == torch.float32), torch.get_num_threads(),
-        )  # fmt: skip
-        check_rc(rc, "amx_linear")
-        return out.view(*x.shape[:-1], w.n)
+        return call_linear(self.lib.radixserve_amx_linear, "amx linear", x, w, bias, out_dtype)
 
 
 class AmxUnavailableError(RuntimeError):

@@ -1,0 +1,62 @@
+"""What the two packed bfloat16 GEMM kernels (`amx_gemm`, `rowwise_gemm`) share: a weight
+packed once at load that carries its kernel, and one checked call into a library's
+`linear(x, m, ldx, wp, n, k, bias, out, ldo, out_f32, threads)` entry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from radixserve.kernels.cpu.build import check_rc
+
+
+class PackedGemm(Protocol):
+    def linear(
+        self, x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None, out_dtype: torch.dtype
+    ) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A weight [n, k] in a kernel's packed order (`data`, bfloat16), with that kernel."""
+
+    data: torch.Tensor
+    n: int
+    k: int
+    kernel: PackedGemm
+
+    def linear(
+        self, x: torch.Tensor, bias: torch.Tensor | None = None,
+        out_dtype: torch.dtype = torch.bfloat16,
+    ) -> torch.Tensor:  # fmt: skip
+        """x [..., k] → x · Wᵀ (+ bias) through the kernel that packed this weight."""
+        return self.kernel.linear(x, self, bias, out_dtype)
+
+
+def call_linear(  # noqa: PLR0913 - the entry's inputs
+    fn: Any, name: str, x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:  # fmt: skip
+    """x [..., k] CPU bfloat16 → x · Wᵀ (+ bias) [..., n] in out_dtype (bfloat16 or float32),
+    through library entry `fn`; bad inputs raise a ValueError naming what is wrong."""
+    if x.dtype != torch.bfloat16 or not x.is_cpu or x.shape[-1] != w.k:
+        raise ValueError(f"{name} takes CPU bfloat16 [..., {w.k}], got {x.dtype} {x.shape}")
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"{name} writes bfloat16 or float32, not {out_dtype}")
+    if bias is not None and not (
+        bias.dtype == torch.bfloat16 and bias.is_contiguous() and bias.numel() == w.n
+    ):
+        raise ValueError(f"{name} bias must be contiguous bfloat16 [{w.n}]")
+    rows = x.reshape(-1, w.k)
+    if rows.stride(1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty((rows.shape[0], w.n), dtype=out_dtype)
+    rc = fn(
+        rows.data_ptr(), rows.shape[0], rows.stride(0), w.data.data_ptr(), w.n, w.k,
+        bias.data_ptr() if bias is not None else None, out.data_ptr(), w.n,
+        int(out_dtype == torch.float32), torch.get_num_threads(),
+    )  # fmt: skip
+    check_rc(rc, name)
+    return out.view(*x.shape[:-1], w.n)
