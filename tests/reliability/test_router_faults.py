@@ -20,7 +20,6 @@ import random
 import signal
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -109,6 +108,30 @@ def _sample(metrics: dict, name: str, worker: str, **labels: str) -> float:
     return sum(v for (s, lab), v in metrics.items() if s == name and want <= set(lab))
 
 
+# Open long enough for AFTER_OPEN requests on a loaded machine: a half-open probe sent to the
+# hung replica in between would (rightly) wait for the timeout.
+CB_TIMEOUT_S = 10
+AFTER_OPEN = 4
+
+
+def _generate_length(url: str, rng: random.Random) -> None:
+    out = _generate(url, [rng.randrange(2, VOCAB) for _ in range(PROMPT)])
+    assert out["meta_info"]["finish_reason"]["type"] == "length", out
+
+
+def _attempts(metrics: dict, worker: str) -> float:
+    """Attempts the router sent to `worker`, whatever their outcome."""
+    return _sample(metrics, "radixserve_router_requests_total", worker)
+
+
+def _ok(metrics: dict, worker: str) -> float:
+    return _sample(metrics, "radixserve_router_requests_total", worker, outcome="200")
+
+
+def _retries(metrics: dict) -> float:
+    return sum(v for (name, _), v in metrics.items() if name == "radixserve_router_retries_total")
+
+
 def test_hanging_replica_times_out_opens_its_breaker_and_requests_go_elsewhere(
     replicas: list[Engine],
 ) -> None:
@@ -120,28 +143,35 @@ def test_hanging_replica_times_out_opens_its_breaker_and_requests_go_elsewhere(
     args = (
         "--request-timeout-s", "2", "--health-check-timeout-s", "1",
         "--health-failure-threshold", "1000", "--cb-failure-threshold", "2",
-        "--cb-timeout-s", "4",
+        "--cb-timeout-s", str(CB_TIMEOUT_S),
     )  # fmt: skip
     with router_proc([e.url for e in replicas], *args, healthy=2) as router:
         os.killpg(hung.proc.pid, signal.SIGSTOP)
         try:
-            took = []
-            for _ in range(8):
-                start = time.monotonic()
-                out = _generate(router.url, [rng.randrange(2, VOCAB) for _ in range(PROMPT)])
-                took.append(time.monotonic() - start)
-                assert out["meta_info"]["finish_reason"]["type"] == "length"
-            metrics = router.metrics()
-            assert _sample(metrics, "radixserve_router_circuit_open", hung.url) == 1
-            # Exactly the breaker's threshold of attempts went to the hung replica: after it
-            # opened, nothing more did. Every request was answered by the live one.
+            # Until the breaker opens, a request that meets the hung replica waits for the
+            # timeout and is retried on the live one.
+            sent = 0
+            while not _sample(router.metrics(), "radixserve_router_circuit_open", hung.url):
+                assert sent < 8, "the breaker never opened"
+                _generate_length(router.url, rng)
+                sent += 1
+            # Once open, no request goes to the hung replica, so none waits for a timeout:
+            # not one attempt there, no retry, each answered by the live one.
+            before = router.metrics()
+            for _ in range(AFTER_OPEN):
+                _generate_length(router.url, rng)
+            after = router.metrics()
+            assert _attempts(after, hung.url) == _attempts(before, hung.url), "sent to hung"
+            assert _retries(after) == _retries(before), (_retries(before), _retries(after))
+            assert _ok(after, live.url) - _ok(before, live.url) == AFTER_OPEN
+            assert _sample(after, "radixserve_router_circuit_open", hung.url) == 1
+            # Exactly the breaker's threshold of attempts went to the hung replica; every
+            # request was answered by the live one.
             failed = _sample(
-                metrics, "radixserve_router_requests_total", hung.url, outcome="transport_error"
+                after, "radixserve_router_requests_total", hung.url, outcome="transport_error"
             )
             assert failed == 2, failed
-            ok = _sample(metrics, "radixserve_router_requests_total", live.url, outcome="200")
-            assert ok == 8, ok
-            assert max(took[-4:]) < 2, took  # once open, no request waits for a timeout
+            assert _ok(after, live.url) == sent + AFTER_OPEN
         finally:
             os.killpg(hung.proc.pid, signal.SIGCONT)
         # After --cb-timeout-s the breaker lets a probe through again (half-open).
