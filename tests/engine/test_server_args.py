@@ -126,6 +126,18 @@ def test_unknown_kwarg_is_rejected_by_name() -> None:
         ({"tp_size": 2, "enable_dp_attention": True}, "enable_dp_attention"),  # dp_size 1
         # under DP attention tp_size is the whole world: ep may not exceed it
         ({"tp_size": 2, "dp_size": 2, "ep_size": 4, "enable_dp_attention": True}, "ep_size"),
+        # deterministic inference is refused where it would not hold, never silently partial
+        *(
+            ({"enable_deterministic_inference": True, **extra}, "enable_deterministic_inference")
+            for extra in (
+                {"attention_backend": "torch"},
+                {"device": "cuda"},
+                {"dtype": "float32"},
+                {"tp_size": 2},
+                {"disable_weight_prepack": True},
+                {"disable_rowwise_gemm": True},
+            )
+        ),
     ],
 )
 def test_bad_values_are_refused_naming_the_flag(kwargs: dict[str, object], field: str) -> None:

@@ -237,13 +237,14 @@ def test_extends_sharing_a_cached_prefix_match_the_reference(
         lens = [n + 1 for n in lens]
 
     # MIXED: those six rows decode beside a new prefill chunk (row 10); their one-token rows
-    # still form the shared group, indexed among the batch's decode rows
+    # still form the shared group, indexed among the batch's kernel rows, which start with
+    # the chunk's last token (every extend's last token is a kernel row)
     fb = make_batch(pools, ForwardMode.MIXED, [10, *rows], [0, *lens[:6]], [24] + [1] * 6)
     backend.init_forward_metadata(fb)
     decode = backend._metadata(fb).decode
     assert decode is not None
     if backend._kernel is not None and cpu_has_amx():  # the CPU's flags decide
-        assert decode.shared is not None and decode.shared.members.tolist() == list(range(6))
+        assert decode.shared is not None and decode.shared.members.tolist() == list(range(1, 7))
     ref, got = run_both(fb, layer, dtype, gen)
     torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
 

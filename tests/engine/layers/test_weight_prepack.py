@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from radixserve.engine.configs.cpu_features import cpu_flags
 from radixserve.engine.distributed import GroupHandle
 from radixserve.engine.layers.parallel_linear import (
     ColumnParallelLinear,
@@ -111,10 +112,12 @@ def test_smollm2_greedy_tokens_are_the_same_packed_and_unpacked() -> None:
     from tests.conftest import PROMPTS, SMOLLM
 
     amx = amx_gemm_or_none() is not None  # where the CPU has AMX-BF16 it must build
+    no_amx = RowwiseWeight if "avx512_bf16" in cpu_flags() else torch.Tensor
     runs = {  # name: (flags, the packed layout every projection must have)
         "plain": ({"disable_weight_prepack": True}, None),
-        "onednn": ({"disable_amx_gemm": True}, torch.Tensor),
-        "default": ({}, AmxWeight if amx else torch.Tensor),
+        "onednn": ({"disable_amx_gemm": True, "disable_rowwise_gemm": True}, torch.Tensor),
+        "no_amx": ({"disable_amx_gemm": True}, no_amx),
+        "default": ({}, AmxWeight if amx else no_amx),
     }
     outputs = {}
     for name, (flags, layout) in runs.items():
@@ -133,8 +136,13 @@ def test_smollm2_greedy_tokens_are_the_same_packed_and_unpacked() -> None:
                 assert all(isinstance(m.packed, layout) for m in projections)
         finally:
             engine.shutdown()
-    assert outputs["onednn"] == outputs["plain"]
-    assert outputs["default"] == outputs["plain"]
+    assert outputs["onednn"] == outputs["plain"]  # the same oneDNN kernels
+    if amx:  # the AMX kernel sums in oneDNN's order for these shapes
+        assert outputs["default"] == outputs["plain"]
+    # The row-invariant kernel sums in another order: bf16 near-ties may flip, rarely
+    tokens = [t for p in outputs["plain"] for t in p]
+    rowwise = [t for p in outputs["no_amx"] for t in p]
+    assert sum(a == b for a, b in zip(tokens, rowwise, strict=True)) >= 0.9 * len(tokens)
 
 
 @pytest.mark.parametrize("kernel", ["amx", "rowwise", "none"])

@@ -156,11 +156,15 @@ def build_metadata(fb: ForwardBatch, deterministic: bool = False) -> ForwardMeta
     for i, (prefix, ext) in enumerate(
         zip(fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu, strict=True)
     ):
-        if ext == 1 and prefix > 0:
+        # A request's last new token (the one whose logits are sampled) is a kernel row, as
+        # it is when the same prompt comes back with all but that token cached: the repeat
+        # then computes it in the same order over the same cached KV, so it gets the same
+        # logits (SDPA's row would differ in the last bits, enough to flip a bf16 near-tie).
+        if ext > 1:
+            extends.append(_extend_row(kv_rows[i, : prefix + ext - 1], start, prefix, ext - 1))
+        if ext > 0:
             singles.append(i)
-            single_tokens.append(start)
-        elif ext > 0:
-            extends.append(_extend_row(kv_rows[i, : prefix + ext], start, prefix, ext))
+            single_tokens.append(start + ext - 1)
         start += ext
     decode = _decode_rows(fb, singles, single_tokens) if singles else None
     groups: tuple[PrefixGroup, ...] = ()

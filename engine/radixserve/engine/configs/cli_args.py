@@ -29,7 +29,11 @@ _HELP: Mapping[str, str] = MappingProxyType(
         "kv_events_format": "KV-event encoding: map (SGLang 0.5.23 / vLLM 0.32) or array (0.5.6)",
         "disable_fused_ops": "PyTorch norm/SiLU/rotary/MoE, not the fused C++ (CPU) / Triton ops",
         "disable_weight_prepack": "CPU bf16: plain weights and F.linear, not packed at load",
-        "disable_amx_gemm": "CPU bf16: oneDNN projections even where the AMX kernel could run",
+        "disable_amx_gemm": (
+            "CPU bf16: the projections of a CPU without AMX (row-invariant kernel, or oneDNN) "
+            "even where the AMX kernel could run"
+        ),
+        "disable_rowwise_gemm": "CPU bf16 without AMX: oneDNN projections, not our kernel",
         "enable_deterministic_inference": (
             "greedy output independent of batching, cache hits and chunking (CPU, grouped "
             "backend): row-invariant projections and one attention path for every token"

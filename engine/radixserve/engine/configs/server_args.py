@@ -74,6 +74,10 @@ class ServerArgs:
     # F.linear (the A/B). disable_amx_gemm packs for oneDNN even with AMX (the A/B of the kernel)
     disable_weight_prepack: bool = False
     disable_amx_gemm: bool = False
+    # Where AMX does not run, CPUs with AVX512-BF16 pack for our row-invariant kernel
+    # (kernels/cpu/rowwise_gemm.cpp: a token's projection is the same bits in any batch, and
+    # it matched oneDNN's speed); this flag keeps oneDNN there (the A/B)
+    disable_rowwise_gemm: bool = False
     # Greedy output that does not depend on the batch a request ran in, on a cache hit or on
     # chunking (SGLang's flag): every projection through a row-invariant kernel (AMX, else
     # kernels/cpu/rowwise_gemm.cpp, never oneDNN) and every query token's attention through
@@ -203,9 +207,10 @@ class ServerArgs:
             f"needs --attention-backend grouped, got {self.attention_backend!r}",
         )
         _check(
-            not self.disable_weight_prepack,
+            not (self.disable_weight_prepack or self.disable_rowwise_gemm),
             name,
-            "needs the packed projections (drop --disable-weight-prepack)",
+            "needs the packed row-invariant projections (drop --disable-weight-prepack and "
+            "--disable-rowwise-gemm)",
         )
         _check(self.tp_size == 1 and self.ep_size == 1, name, "runs with tp_size = ep_size = 1")
         _check(

@@ -19,6 +19,7 @@ from torch import nn
 
 from radixserve.engine.attention import AttentionBackend, create_attention_backend
 from radixserve.engine.attention.spec import AttentionSpec
+from radixserve.engine.configs.cpu_features import cpu_flags
 from radixserve.engine.configs.model_config import ModelConfig
 from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.distributed import ParallelGroups
@@ -42,10 +43,10 @@ from radixserve.engine.model_executor.forward_batch import ForwardBatch
 from radixserve.engine.model_loader.loader import LoadedModelFiles
 from radixserve.engine.models import get_model_class
 from radixserve.engine.models.base import CausalLM
-from radixserve.kernels.cpu.amx_gemm import load_amx_gemm
+from radixserve.kernels.cpu.amx_gemm import AmxGemm, load_amx_gemm
 from radixserve.kernels.cpu.fused_ops import load_fused_ops
 from radixserve.kernels.cpu.packed_gemm import PackedWeight
-from radixserve.kernels.cpu.rowwise_gemm import load_rowwise_gemm
+from radixserve.kernels.cpu.rowwise_gemm import RowwiseGemm, load_rowwise_gemm
 from radixserve.kernels.fused_ops_protocol import FusedMoeOps, FusedOps
 from radixserve.logging_setup import iter_progress
 
@@ -127,6 +128,26 @@ def attach_fused_ops(model: nn.Module, ops: FusedOps | None, moe: FusedMoeOps | 
             module.fused = moe
 
 
+def _projection_kernels(
+    args: ServerArgs,
+) -> tuple[AmxGemm | None, RowwiseGemm | None, RowwiseGemm | None]:
+    """(AMX kernel, row-invariant kernel for the projections, for the LM head), each None
+    where not used. The row-invariant kernel takes what AMX does not on CPUs with AVX512-BF16,
+    where it matched oneDNN's speed (docs/determinism.md) and, unlike oneDNN, gives a token
+    the same bits whatever its batch; elsewhere oneDNN, unless deterministic inference needs
+    it. The LM head takes it wherever it builds (float32 logits without a float32 copy)."""
+    amx = None if args.disable_amx_gemm else load_amx_gemm()
+    rowwise = load_rowwise_gemm()
+    if args.enable_deterministic_inference and amx is None and rowwise is None:
+        raise RuntimeError(
+            "enable_deterministic_inference: neither the AMX nor the row-invariant projection "
+            "kernel could be built here (see the warnings above)"
+        )
+    native = "avx512_bf16" in cpu_flags() and not args.disable_rowwise_gemm
+    projections = rowwise if args.enable_deterministic_inference or native else None
+    return amx, projections, rowwise
+
+
 def _require_row_invariant(model: nn.Module) -> None:
     """Deterministic inference: every projection packed (now, or by the engine whose weights
     these are: EngineCore.with_args) for a row-invariant kernel, AMX or rowwise."""
@@ -199,22 +220,21 @@ class ModelRunner:
 
     def _prepack_cpu_weights(self) -> None:
         """CPU bfloat16: every projection's weight packed once, for the AMX kernel where it
-        runs, else for oneDNN, or in deterministic inference for the row-invariant kernel
+        runs, else for the row-invariant kernel (`_projection_kernels`), else for oneDNN
         (parallel_linear); the LM head for either kernel (float32 logits, vocab_parallel)."""
         if self.device.type != "cpu" or self.args.disable_weight_prepack:
             return
         deterministic = self.args.enable_deterministic_inference
         if deterministic and self.model_config.moe is not None:
             raise RuntimeError("enable_deterministic_inference: MoE models are not covered yet")
-        amx = None if self.args.disable_amx_gemm else load_amx_gemm()
-        rowwise = load_rowwise_gemm()
+        amx, rowwise, head_rowwise = _projection_kernels(self.args)
         layouts: list[str | None] = []
         heads: list[str | None] = []
         for m in self.model.modules():
             if isinstance(m, (ColumnParallelLinear, RowParallelLinear)):
-                layouts.append(m.prepack_cpu(amx, rowwise if deterministic else None))
+                layouts.append(m.prepack_cpu(amx, rowwise))
             elif isinstance(m, ParallelLMHead):
-                heads.append(m.prepack_cpu(amx, rowwise))
+                heads.append(m.prepack_cpu(amx, head_rowwise))
         if deterministic:
             _require_row_invariant(self.model)
         if any(layouts) or any(heads):
