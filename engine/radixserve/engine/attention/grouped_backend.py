@@ -152,17 +152,22 @@ def build_metadata(fb: ForwardBatch, deterministic: bool = False) -> ForwardMeta
     single_tokens: list[int] = []
     extends: list[ExtendRow] = []
     kv_rows = fb.req_kv_rows(max(fb.seq_lens_cpu))
+    completes = fb.extend_completes_cpu
     start = 0
     for i, (prefix, ext) in enumerate(
         zip(fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu, strict=True)
     ):
-        # A request's last new token (the one whose logits are sampled) is a kernel row, as
-        # it is when the same prompt comes back with all but that token cached: the repeat
-        # then computes it in the same order over the same cached KV, so it gets the same
-        # logits (SDPA's row would differ in the last bits, enough to flip a bf16 near-tie).
-        if ext > 1:
-            extends.append(_extend_row(kv_rows[i, : prefix + ext - 1], start, prefix, ext - 1))
-        if ext > 0:
+        # A request's sampled token (the last of its final extend) is a kernel row, as it is
+        # when the same prompt comes back with all but that token cached: the repeat then
+        # computes it in the same order over the same cached KV, so it gets the same logits
+        # (SDPA's row differs in the last bits, enough to flip a bf16 near-tie). A chunk's
+        # last token stays in SDPA, as in the unchunked prefill.
+        last = 1 if ext > 0 and (completes is None or completes[i]) else 0
+        if ext - last > 0:
+            extends.append(
+                _extend_row(kv_rows[i, : prefix + ext - last], start, prefix, ext - last)
+            )
+        if last:
             singles.append(i)
             single_tokens.append(start + ext - 1)
         start += ext

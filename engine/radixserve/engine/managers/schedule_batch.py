@@ -174,4 +174,8 @@ class ScheduleBatch:
             token_to_kv_pool=self.kv.token_to_kv_pool,
             attn_backend=attn_backend,
             kv_rows=kv_rows,
+            extend_completes_cpu=[
+                n >= len(r.origin_input_ids) + len(r.output_ids)
+                for r, n in zip(self.reqs, self.seq_lens, strict=True)
+            ],
         )

@@ -55,6 +55,9 @@ class ForwardBatch:
     kv_rows: torch.Tensor
     # DP attention: every DP rank's token count this step (None without DP attention)
     dp_meta: DpAttentionMeta | None = None
+    # [B]: whether request i's extend reaches the end of its tokens, so its last token is
+    # sampled (False for a chunk of a longer prompt); None: all do
+    extend_completes_cpu: list[bool] | None = None
 
     def req_kv_rows(self, max_len: int) -> torch.Tensor:
         """[B, max_len] int64 KV slots of each request's positions (beyond seq_len: junk)."""
