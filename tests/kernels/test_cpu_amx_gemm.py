@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from radixserve.kernels.cpu.amx_gemm import AmxGemm, AmxWeight, packable
 from tests.kernels.amx import amx_gemm_or_skip
+from tests.kernels.gemm_oracle import assert_within_bound, gemm_case
 
 ROWS = [0, 1, 5, 16, 17, 32, 33, 70, 300]
 SHAPES = [(16, 32), (48, 64), (80, 96), (960, 576)]  # (n, k): 1, 3, 5 and 60 column blocks
@@ -27,46 +27,27 @@ def amx() -> AmxGemm:
     return amx_gemm_or_skip()
 
 
-def _within_bound(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None):
-    want = F.linear(x.float(), w.float(), b.float() if b is not None else None)
-    spread = F.linear(x.float().abs(), w.float().abs())
-    if b is not None:
-        spread = spread + b.float().abs()
-    ulp = 2.0**-8 if got.dtype == torch.bfloat16 else 0.0  # half an ulp of the rounding
-    bound = want.abs() * ulp + spread * 2.0**-20 + 1e-30
-    diff = (got.float() - want).abs()
-    assert bool((diff <= bound).all()), f"max excess {(diff - bound).max().item()}"
-
-
-def _case(n: int, k: int, rows: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=g).to(torch.bfloat16)
-    wide = torch.randn(rows, k + 24, generator=g).to(torch.bfloat16)
-    bias = torch.randn(n, generator=g).to(torch.bfloat16)
-    return w, wide[:, 8 : 8 + k], bias  # x: a strided view, as a split projection hands over
-
-
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 def test_linear_matches_float32_oracle(amx: AmxGemm, rows: int, n: int, k: int) -> None:
-    w, x, bias = _case(n, k, rows, seed=rows * 7919 + n + k)
+    w, x, bias = gemm_case(n, k, rows, seed=rows * 7919 + n + k)
     packed = amx.pack(w)
     assert packed is not None and packed.data.numel() == n * k
     for b in (None, bias):
         got = amx.linear(x, packed, b)
         assert got.shape == (rows, n) and got.dtype == torch.bfloat16
-        _within_bound(got, x, w, b)
+        assert_within_bound(got, x, w, b)
 
 
 @pytest.mark.parametrize("rows", [1, 33])
 def test_float32_output_and_3d_input(amx: AmxGemm, rows: int) -> None:
-    w, x, bias = _case(80, 96, rows * 2, seed=rows)
+    w, x, bias = gemm_case(80, 96, rows * 2, seed=rows)
     x3 = x.contiguous().view(2, rows, 96)
     packed = amx.pack(w)
     assert packed is not None
     got = amx.linear(x3, packed, bias, out_dtype=torch.float32)
     assert got.shape == (2, rows, 80) and got.dtype == torch.float32
-    _within_bound(got.view(-1, 80), x3.view(-1, 96), w, bias)
+    assert_within_bound(got.view(-1, 80), x3.view(-1, 96), w, bias)
 
 
 def test_pack_refuses_shapes_and_dtypes_it_does_not_take(amx: AmxGemm) -> None:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from radixserve.kernels.cpu.rowwise_gemm import RowwiseGemm, RowwiseWeight, build_rowwise_gemm
+from tests.kernels.gemm_oracle import assert_within_bound, gemm_case
 
 ROWS = [0, 1, 7, 8, 9, 33, 300]  # around the kernel's 8-row groups
 SHAPES = [(16, 32), (5, 1), (37, 19), (48, 64), (960, 576)]  # odd K, N off the 16-column blocks
@@ -26,42 +26,25 @@ def kernel() -> RowwiseGemm:
     return build_rowwise_gemm()
 
 
-def _case(n: int, k: int, rows: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=g).to(torch.bfloat16)
-    wide = torch.randn(rows, k + 24, generator=g).to(torch.bfloat16)
-    bias = torch.randn(n, generator=g).to(torch.bfloat16)
-    return w, wide[:, 8 : 8 + k], bias  # x: a strided view, as a split projection hands over
-
-
-def _within_bound(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> None:
-    want = F.linear(x.float(), w.float(), b.float())
-    spread = F.linear(x.float().abs(), w.float().abs()) + b.float().abs()
-    ulp = 2.0**-8 if got.dtype == torch.bfloat16 else 0.0  # half an ulp of the rounding
-    bound = want.abs() * ulp + spread * 2.0**-20 + 1e-30
-    diff = (got.float() - want).abs()
-    assert bool((diff <= bound).all()), f"max excess {(diff - bound).max().item()}"
-
-
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 def test_linear_matches_float32_oracle(
     kernel: RowwiseGemm, rows: int, n: int, k: int, out_dtype: torch.dtype
 ) -> None:
-    w, x, bias = _case(n, k, rows, seed=rows * 1000 + n + k)
+    w, x, bias = gemm_case(n, k, rows, seed=rows * 1000 + n + k)
     packed = kernel.pack(w)
     assert isinstance(packed, RowwiseWeight)
     got = packed.linear(x, bias, out_dtype)
     assert got.shape == (rows, n) and got.dtype == out_dtype
-    _within_bound(got, x, w, bias)
+    assert_within_bound(got, x, w, bias)
 
 
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (37, 19)])
 def test_a_rows_result_does_not_depend_on_the_other_rows(kernel: RowwiseGemm, n: int, k: int):
     """Each row alone, each prefix of the batch, and the batch reversed give the same bits
     (oneDNN and MKL do not promise this: they block by the call's shape)."""
-    w, x, bias = _case(n, k, 70, seed=7)
+    w, x, bias = gemm_case(n, k, 70, seed=7)
     packed = kernel.pack(w)
     assert packed is not None
     full = packed.linear(x, bias, torch.float32)
@@ -73,7 +56,7 @@ def test_a_rows_result_does_not_depend_on_the_other_rows(kernel: RowwiseGemm, n:
 
 def test_3d_input_and_threads(kernel: RowwiseGemm) -> None:
     """A [2, 5, k] input is its 10 rows; one thread gives the same bits as two."""
-    w, x, bias = _case(48, 64, 10, seed=3)
+    w, x, bias = gemm_case(48, 64, 10, seed=3)
     packed = kernel.pack(w)
     assert packed is not None
     flat = packed.linear(x, bias)

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "amx_tiles.h"
+#include "gemm_problem.h"
 
 namespace {
 
@@ -31,16 +32,7 @@ constexpr int64_t kPrefetchAhead = 4;  // K steps (tiles per stream) to prefetch
 
 #if defined(RADIXSERVE_AMX)
 
-struct Problem {
-  const uint16_t* x;
-  int64_t m, ldx;
-  const uint16_t* wp;
-  int64_t n, k;
-  const uint16_t* bias;  // [n] bf16 or null
-  void* out;
-  int64_t ldo;
-  bool out_f32;
-};
+using Problem = GemmProblem;
 
 // Tiles: C 0, 1 (rows 0..15 of the group; column blocks 0, 1), C 2, 3 (rows 16..31);
 // A 4 (rows 0..15), A 5 (rows 16..31); B 6, 7 (column blocks 0, 1).

@@ -10,7 +10,6 @@ multiplied by any number of rows (`linear`); the oracle in the tests is `F.linea
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import logging
 import subprocess
@@ -19,17 +18,23 @@ from typing import Any
 
 import torch
 
-from radixserve.kernels.cpu.build import KERNEL_DIR, bind, check_rc, open_library
-from radixserve.kernels.cpu.packed_gemm import PackedWeight, call_linear
+from radixserve.kernels.cpu.build import KERNEL_DIR, bind, open_library
+from radixserve.kernels.cpu.packed_gemm import (
+    LINEAR_ARGS,
+    PACK_ARGS,
+    PackedWeight,
+    bf16_matrix,
+    call_linear,
+    call_pack,
+)
 
 logger = logging.getLogger(__name__)
 
 SOURCE = KERNEL_DIR / "amx_gemm.cpp"
-_P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURES: dict[str, list[Any]] = {
     "radixserve_amx_gemm_available": [],
-    "radixserve_amx_pack": [_P, _I, _I, _I, _P, _C],
-    "radixserve_amx_linear": [_P, _I, _I, _P, _I, _I, _P, _P, _I, _C, _C],
+    "radixserve_amx_pack": PACK_ARGS,
+    "radixserve_amx_linear": LINEAR_ARGS,
 }
 
 
@@ -39,15 +44,7 @@ class AmxWeight(PackedWeight):
 
 def packable(weight: torch.Tensor) -> bool:
     """A CPU bfloat16 matrix whose shape the kernel takes (k % 32 == 0, n % 16 == 0)."""
-    return (
-        weight.is_cpu
-        and weight.dtype == torch.bfloat16
-        and weight.dim() == 2
-        and weight.stride(1) == 1
-        and weight.shape[0] % 16 == 0
-        and weight.shape[1] % 32 == 0
-        and weight.shape[0] > 0
-    )
+    return bf16_matrix(weight) and weight.shape[0] % 16 == 0 and weight.shape[1] % 32 == 0
 
 
 @dataclass(frozen=True)
@@ -61,11 +58,7 @@ class AmxGemm:
         if not packable(weight):
             return None
         n, k = weight.shape
-        data = torch.empty(n * k, dtype=torch.bfloat16)
-        rc = self.lib.radixserve_amx_pack(
-            weight.data_ptr(), n, k, weight.stride(0), data.data_ptr(), torch.get_num_threads()
-        )
-        check_rc(rc, "amx_pack")
+        data = call_pack(self.lib.radixserve_amx_pack, "amx_pack", weight, n * k)
         return AmxWeight(data, n, k, self)
 
     def linear(

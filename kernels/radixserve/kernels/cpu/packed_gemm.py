@@ -4,12 +4,28 @@ packed once at load that carries its kernel, and one checked call into a library
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from radixserve.kernels.cpu.build import check_rc
+
+_P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+PACK_ARGS: list[Any] = [_P, _I, _I, _I, _P, _C]  # w, n, k, ldw, out, threads
+LINEAR_ARGS: list[Any] = [_P, _I, _I, _P, _I, _I, _P, _P, _I, _C, _C]  # as call_linear passes
+
+
+def bf16_matrix(weight: torch.Tensor) -> bool:
+    """A non-empty CPU bfloat16 matrix with unit column stride (what both kernels pack)."""
+    return (
+        weight.is_cpu
+        and weight.dtype == torch.bfloat16
+        and weight.dim() == 2
+        and weight.stride(1) == 1
+        and weight.numel() > 0
+    )
 
 
 class PackedGemm(Protocol):
@@ -33,6 +49,16 @@ class PackedWeight:
     ) -> torch.Tensor:  # fmt: skip
         """x [..., k] → x · Wᵀ (+ bias) through the kernel that packed this weight."""
         return self.kernel.linear(x, self, bias, out_dtype)
+
+
+def call_pack(fn: Any, name: str, weight: torch.Tensor, size: int) -> torch.Tensor:
+    """Weight [n, k] (unit column stride) packed by library entry
+    `fn(w, n, k, ldw, out, threads)` into `size` bfloat16 values."""
+    n, k = weight.shape
+    data = torch.empty(size, dtype=torch.bfloat16)
+    rc = fn(weight.data_ptr(), n, k, weight.stride(0), data.data_ptr(), torch.get_num_threads())
+    check_rc(rc, name)
+    return data
 
 
 def call_linear(  # noqa: PLR0913 - the entry's inputs

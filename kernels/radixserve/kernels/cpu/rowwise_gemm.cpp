@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "scalar.h"
+#include "gemm_problem.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -36,16 +37,7 @@ using namespace radixserve_cpu;
 constexpr int64_t kCols = 16;  // output columns per packed block
 constexpr int64_t kRows = 8;   // x rows multiplied against a block at once
 
-struct Problem {
-  const uint16_t* x;
-  int64_t m, ldx;
-  const uint16_t* wp;
-  int64_t n, k;
-  const uint16_t* bias;  // [n] bf16 or null
-  void* out;
-  int64_t ldo;
-  bool out_f32;
-};
+using Problem = GemmProblem;
 
 inline int64_t pairs(int64_t k) { return (k + 1) / 2; }
 

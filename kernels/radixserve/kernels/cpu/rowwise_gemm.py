@@ -11,7 +11,6 @@ in the tests is `F.linear` in float32 (`tests/kernels/test_cpu_rowwise_gemm.py`)
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import logging
 import subprocess
@@ -20,33 +19,28 @@ from typing import Any
 
 import torch
 
-from radixserve.kernels.cpu.build import KERNEL_DIR, bind, check_rc, open_library
-from radixserve.kernels.cpu.packed_gemm import PackedWeight, call_linear
+from radixserve.kernels.cpu.build import KERNEL_DIR, bind, open_library
+from radixserve.kernels.cpu.packed_gemm import (
+    LINEAR_ARGS,
+    PACK_ARGS,
+    PackedWeight,
+    bf16_matrix,
+    call_linear,
+    call_pack,
+)
 
 logger = logging.getLogger(__name__)
 
 SOURCE = KERNEL_DIR / "rowwise_gemm.cpp"
-_P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURES: dict[str, list[Any]] = {
-    "radixserve_rowwise_pack": [_P, _I, _I, _I, _P, _C],
-    "radixserve_rowwise_linear": [_P, _I, _I, _P, _I, _I, _P, _P, _I, _C, _C],
+    "radixserve_rowwise_pack": PACK_ARGS,
+    "radixserve_rowwise_linear": LINEAR_ARGS,
 }
 _COLS = 16  # output columns per packed block (kCols in the source)
 
 
 class RowwiseWeight(PackedWeight):
     """A weight [n, k] in the row-invariant kernel's order: ceil(n/16)·16 × ceil(k/2)·2."""
-
-
-def packable(weight: torch.Tensor) -> bool:
-    """A non-empty CPU bfloat16 matrix with unit column stride (any shape)."""
-    return (
-        weight.is_cpu
-        and weight.dtype == torch.bfloat16
-        and weight.dim() == 2
-        and weight.stride(1) == 1
-        and weight.numel() > 0
-    )
 
 
 @dataclass(frozen=True)
@@ -57,15 +51,11 @@ class RowwiseGemm:
 
     def pack(self, weight: torch.Tensor) -> RowwiseWeight | None:
         """The packed copy of weight [n, k], or None where its dtype or layout is not taken."""
-        if not packable(weight):
+        if not bf16_matrix(weight):  # any shape
             return None
         n, k = weight.shape
         size = -(-n // _COLS) * _COLS * (-(-k // 2) * 2)
-        data = torch.empty(size, dtype=torch.bfloat16)
-        rc = self.lib.radixserve_rowwise_pack(
-            weight.data_ptr(), n, k, weight.stride(0), data.data_ptr(), torch.get_num_threads()
-        )
-        check_rc(rc, "rowwise_pack")
+        data = call_pack(self.lib.radixserve_rowwise_pack, "rowwise_pack", weight, size)
         return RowwiseWeight(data, n, k, self)
 
     def linear(
