@@ -21,6 +21,7 @@
 
 #include <omp.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "scalar.h"
@@ -117,9 +118,12 @@ void rows_block(const Problem& p, int64_t r0, int64_t nb) {
       const uint32_t xp = x_pair(p, r0 + i, kp, 2 * kp + 1 == p.k);
       const float xo = bf16_to_f32(static_cast<uint16_t>(xp >> 16));
       const float xe = bf16_to_f32(static_cast<uint16_t>(xp));
+      // std::fma, not `+=` of a product: under -ffast-math the compiler may contract or
+      // reorder the latter differently per instantiation (per row count), which broke the
+      // rows' invariance; a fused multiply-add is one correctly rounded step either way.
       for (int64_t c = 0; c < kCols; ++c) {
-        acc[i][c] += xo * bf16_to_f32(w[2 * c + 1]);
-        acc[i][c] += xe * bf16_to_f32(w[2 * c]);
+        acc[i][c] = std::fma(xo, bf16_to_f32(w[2 * c + 1]), acc[i][c]);
+        acc[i][c] = std::fma(xe, bf16_to_f32(w[2 * c]), acc[i][c]);
       }
     }
   }
