@@ -5,15 +5,19 @@ rows share its call.
 The oracle is torch's F.linear on the same bfloat16 values upcast to float32 (exact products,
 float32 sums). The kernel sums in float32 in K order and rounds once, so each element lies
 within half a bfloat16 ulp of the oracle plus the float32 reordering bound (2⁻²⁰ of Σ|x·w|).
-It runs on every CPU with a compiler (its AVX512-BF16, AVX-512 or scalar build), so these
-tests skip nowhere: a build failure fails them.
+It runs on every CPU with a compiler, so these tests skip nowhere: a build failure fails them.
+Its three code paths (AVX512-BF16, AVX-512 FMA, scalar) are each built here, for this CPU and
+for older x86-64 targets, and held to the same oracle and invariance.
 """
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 
+from radixserve.engine.configs.cpu_features import cpu_flags
 from radixserve.kernels.cpu.rowwise_gemm import RowwiseGemm, RowwiseWeight, build_rowwise_gemm
 from tests.kernels.gemm_oracle import assert_within_bound, gemm_case
 
@@ -83,3 +87,33 @@ def test_pack_refuses_and_linear_rejects_with_a_clear_error(kernel: RowwiseGemm)
         packed.linear(torch.randn(3, 32).to(torch.bfloat16), torch.randn(15).to(torch.bfloat16))
     with pytest.raises(ValueError, match="float16"):
         packed.linear(torch.randn(3, 32).to(torch.bfloat16), out_dtype=torch.float16)
+
+
+# Builds for CPUs other than this one: AVX-512 without BF16, AVX2 (the scalar path,
+# vectorised by the compiler) and baseline x86-64. Each runs on any newer x86-64 CPU.
+OTHER_TARGETS = {
+    "avx512-fma": ("-march=native", "-mno-avx512bf16"),
+    "x86-64-v3": ("-march=x86-64-v3",),
+    "x86-64": ("-march=x86-64",),
+}
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 targets")
+@pytest.mark.parametrize("arch", list(OTHER_TARGETS.values()), ids=list(OTHER_TARGETS))
+def test_every_code_path_is_exact_and_row_invariant(arch: tuple[str, ...]) -> None:
+    """The builds of CPUs without AVX512-BF16 or without AVX-512 (which -march=native does not
+    produce here) meet the same oracle, and a row's bits still ignore the other rows (the
+    scalar path lost that once under -ffast-math: `+=` compiled differently per row count)."""
+    if "avx512" in arch[-1] and "avx512f" not in cpu_flags():
+        pytest.skip("this CPU has no AVX-512: the native build is already the scalar path")
+    kernel = build_rowwise_gemm(arch)
+    for n, k, rows in [(960, 576, 70), (37, 19, 33), (5, 1, 9)]:
+        w, x, bias = gemm_case(n, k, rows, seed=n + k)
+        packed = kernel.pack(w)
+        assert packed is not None
+        for out_dtype in (torch.bfloat16, torch.float32):
+            assert_within_bound(packed.linear(x, bias, out_dtype), x, w, bias)
+        full = packed.linear(x, bias, torch.float32)
+        for m in range(1, rows):
+            assert torch.equal(packed.linear(x[:m], bias, torch.float32), full[:m]), m
+            assert torch.equal(packed.linear(x[m : m + 1], bias, torch.float32)[0], full[m]), m

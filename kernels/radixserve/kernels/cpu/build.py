@@ -29,7 +29,10 @@ KERNEL_DIR = Path(__file__).parent  # the .cpp sources and the headers they shar
 
 # -ffast-math only when compiling (vectorised exp, reassociated dot products): linking with it
 # would pull in crtfastmath.o, which turns on flush-to-zero for the whole process.
-COMPILE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-std=c++17")
+COMPILE_FLAGS = ("-O3", "-fopenmp", "-ffast-math", "-fPIC", "-std=c++17")
+# The instruction set: this CPU's. Tests also build other targets (e.g. ("-march=x86-64",))
+# to check the code paths of CPUs they do not run on.
+NATIVE: tuple[str, ...] = ("-march=native",)
 LINK_FLAGS = ("-shared", "-fopenmp", "-lmvec", "-lm")
 
 
@@ -57,7 +60,7 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def _build_key(source: Path, compiler: str) -> str:
+def _build_key(source: Path, compiler: str, arch: tuple[str, ...]) -> str:
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, check=True, timeout=30
     ).stdout
@@ -66,7 +69,7 @@ def _build_key(source: Path, compiler: str) -> str:
     for part in (
         source.read_bytes(),
         *(header.read_bytes() for header in headers),
-        " ".join(COMPILE_FLAGS + LINK_FLAGS).encode(),
+        " ".join(COMPILE_FLAGS + arch + LINK_FLAGS).encode(),
     ):
         h.update(part)
     h.update(version.encode())
@@ -74,7 +77,7 @@ def _build_key(source: Path, compiler: str) -> str:
     return h.hexdigest()[:16]
 
 
-def _compile(source: Path, compiler: str, target: Path) -> None:
+def _compile(source: Path, compiler: str, target: Path, arch: tuple[str, ...]) -> None:
     """Compile and link into a temporary file beside `target`, then rename it into place.
     The compiler's own temporaries go there too (TMPDIR): under a read-only root filesystem
     the cache folder may be the only writable place."""
@@ -82,7 +85,7 @@ def _compile(source: Path, compiler: str, target: Path) -> None:
         obj, lib = Path(tmp) / "k.o", Path(tmp) / target.name
         env = {**os.environ, "TMPDIR": tmp}
         for cmd in (
-            [compiler, *COMPILE_FLAGS, "-c", str(source), "-o", str(obj)],
+            [compiler, *COMPILE_FLAGS, *arch, "-c", str(source), "-o", str(obj)],
             [compiler, str(obj), "-o", str(lib), *LINK_FLAGS],
         ):
             run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
@@ -93,29 +96,30 @@ def _compile(source: Path, compiler: str, target: Path) -> None:
         os.replace(lib, target)
 
 
-def build_library(source: Path) -> Path:
-    """The cached shared library of `source`, built first if absent. Raises on a failure."""
+def build_library(source: Path, arch: tuple[str, ...] = NATIVE) -> Path:
+    """The cached shared library of `source` for `arch`, built first if absent. Raises on a
+    failure."""
     compiler = shutil.which(os.environ.get("CXX", "g++"))
     if compiler is None:
         raise FileNotFoundError("no C++ compiler (g++ or $CXX) on PATH")
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    target = folder / f"{source.stem}-{_build_key(source, compiler)}.so"
+    target = folder / f"{source.stem}-{_build_key(source, compiler, arch)}.so"
     if target.exists():
         return target
     with open(folder / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not target.exists():
             logger.info("kernels: building %s into %s", source.name, target)
-            _compile(source, compiler, target)
+            _compile(source, compiler, target, arch)
     return target
 
 
-def open_library(source: Path) -> ctypes.CDLL:
+def open_library(source: Path, arch: tuple[str, ...] = NATIVE) -> ctypes.CDLL:
     """The loaded library of `source`, built first if absent. Raises where it can't be:
     OSError (no compiler, a library that won't load), KernelBuildError (the compiler's error)
     or another subprocess.SubprocessError (a compiler that won't run or times out)."""
-    return ctypes.CDLL(str(build_library(source)))
+    return ctypes.CDLL(str(build_library(source, arch)))
 
 
 def load_library(source: Path, what: str) -> ctypes.CDLL | None:

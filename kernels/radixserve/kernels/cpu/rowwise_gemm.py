@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from radixserve.kernels.cpu.build import KERNEL_DIR, bind, open_library
+from radixserve.kernels.cpu.build import KERNEL_DIR, NATIVE, bind, open_library
 from radixserve.kernels.cpu.packed_gemm import (
     LINEAR_ARGS,
     PACK_ARGS,
@@ -71,10 +71,10 @@ class RowwiseGemm:
         return call_linear(fn, "rowwise linear", x, w, bias, out_dtype)
 
 
-def build_rowwise_gemm() -> RowwiseGemm:
-    """The kernel, built or taken from the cache, loaded; raises OSError or KernelBuildError
-    (no compiler, or the compiler's error) from `open_library`."""
-    lib = open_library(SOURCE)
+def build_rowwise_gemm(arch: tuple[str, ...] = NATIVE) -> RowwiseGemm:
+    """The kernel for `arch` (this CPU's by default), built or taken from the cache, loaded;
+    raises OSError or KernelBuildError (no compiler, or the compiler's error)."""
+    lib = open_library(SOURCE, arch)
     bind(lib, _SIGNATURES)
     return RowwiseGemm(lib)
 
