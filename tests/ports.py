@@ -126,7 +126,7 @@ def bind_retrying(bind: Callable[[int], T], num_ports: int = 1) -> T:
     for _ in range(BIND_ATTEMPTS - 1):
         try:
             return bind(free_port_run(num_ports))
-        except Exception as exc:  # noqa: BLE001 - re-raised unless it is EADDRINUSE
+        except Exception as exc:  # re-raised unless it is EADDRINUSE
             if not is_address_in_use(exc):
                 raise
     return bind(free_port_run(num_ports))

@@ -42,7 +42,7 @@ class LiveStream:
                 text = line.decode().strip()
                 if text.startswith("data: ") and text != "data: [DONE]":
                     self.chunks.append(json.loads(text[6:]))
-        except BaseException as exc:  # noqa: BLE001 - read by the test
+        except BaseException as exc:  # read by the test
             if not self._cut.is_set():
                 self.errors.append(exc)
 

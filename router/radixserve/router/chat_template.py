@@ -233,5 +233,5 @@ def render_chat(
             add_generation_prompt=True,
             **{**special_tokens, **kwargs},
         )
-    except Exception as exc:  # noqa: BLE001 - a template's failure is the client's messages
+    except Exception as exc:  # a template's failure is the client's messages
         raise ValueError(f"messages: cannot apply the chat template: {exc}") from None

@@ -203,7 +203,7 @@ class _SliceWatcher:
                     await self._list_and_watch(client.DiscoveryV1Api(api))
             except ApiException as exc:
                 logger.warning("k8s discovery: API error %s %s; re-listing", exc.status, exc.reason)
-            except Exception as exc:  # noqa: BLE001 - any failure means: list again later
+            except Exception as exc:  # any failure means: list again later
                 logger.warning("k8s discovery failed: %r; re-listing", exc)
             await asyncio.sleep(self.backoff)
             self.backoff = min(self.backoff * 2, MAX_BACKOFF_S)

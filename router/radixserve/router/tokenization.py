@@ -81,7 +81,7 @@ class RouterTokenizer:
             raise ValueError("tokenizer_json: expected the tokenizer's JSON as a string")
         try:
             backend = Tokenizer.from_str(raw)
-        except Exception as exc:  # noqa: BLE001 - the Rust side raises plain Exception
+        except Exception as exc:  # the Rust side raises plain Exception
             raise ValueError(f"tokenizer_json: not a tokenizer: {exc}") from None
         split = info.get("split_special_tokens", False)
         if not isinstance(split, bool):

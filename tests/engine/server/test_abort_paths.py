@@ -56,7 +56,7 @@ def _disconnect_mid_generation(
     def run() -> None:
         try:
             client_call(streamed)
-        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+        except BaseException as exc:  # reported by the assertion below
             errors.append(exc)
 
     t = threading.Thread(target=run)

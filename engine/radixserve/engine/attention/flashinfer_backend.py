@@ -42,13 +42,6 @@ def import_flashinfer() -> Any:
     return flashinfer
 
 
-def flashinfer_available() -> bool:
-    """Whether flashinfer can be imported (without importing it)."""
-    import importlib.util
-
-    return importlib.util.find_spec("flashinfer") is not None
-
-
 class FlashInferAttnBackend(AttentionBackend):
     def __init__(self, spec: AttentionSpec) -> None:
         if spec.device.type != "cuda":

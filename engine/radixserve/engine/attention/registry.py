@@ -1,4 +1,7 @@
-"""Name → attention backend factory. Hardware branching happens here and nowhere else."""
+"""Name → attention backend factory, called once by the ModelRunner at load. It picks no
+hardware itself: ServerArgs.resolved_attention_backend turns `auto` into a name per device,
+model_runner.py makes the other device choices (fused ops, CPU weight prepack, CUDA graphs),
+and some kernels check their tensors' device per call (paged_cpu, vocab_parallel)."""
 
 from __future__ import annotations
 

@@ -44,7 +44,8 @@ class ServerArgs:
     mem_fraction_static: float | None = None  # None: 0.88 on GPU, 0.2 of free RAM on CPU
     max_running_requests: int | None = None
     # scheduling
-    chunked_prefill_size: int | None = None  # None: device default (CPU 1024); -1: off
+    # None: on CPU 128 tokens per core of a rank within [256, 2048], off elsewhere; -1: off
+    chunked_prefill_size: int | None = None
     max_prefill_tokens: int = 16384
     schedule_policy: str = "lpm"  # cache-aware: longest cached prefix first
     schedule_conservativeness: float = 1.0

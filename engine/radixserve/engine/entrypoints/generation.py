@@ -126,7 +126,7 @@ async def stream_chunks(
         try:
             async for chunk in tm.generate(inp):
                 await queue.put((i, chunk))
-        except Exception as exc:  # noqa: BLE001 - handed to the consumer, raised there
+        except Exception as exc:  # handed to the consumer, raised there
             await queue.put((i, exc))
         finally:
             await queue.put((i, None))

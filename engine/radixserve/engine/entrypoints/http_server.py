@@ -1,8 +1,9 @@
 """The replica's HTTP server: native SGLang endpoints, OpenAI routes, health and metrics.
 
-Routes only (main process): a route validates its body once into `GenerateInput`s
-(request_builder), runs them (generation) and formats the outputs (output / openai_serving). All
-request state lives in the TokenizerManager on `app.state.server`.
+Main process: the native routes, the API-key middleware and `create_app`, which adds the error
+handlers (http_errors) and the OpenAI routes (openai_serving). A route validates its body once
+into `GenerateInput`s (request_builder), runs them and formats the outputs (generation /
+openai_serving). All request state lives in the TokenizerManager (`app.state.server`).
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ async def _native_events(
         async for i, chunk in stream_chunks(state.tokenizer_manager, inputs):
             outs[i].add(chunk)
             yield sse(native_output(outs[i], return_logprob))
-    except Exception:  # noqa: BLE001 - the stream has started: report, don't raise
+    except Exception:  # the stream has started: report, don't raise
         logger.exception("/generate stream failed")
         yield sse_error("internal error", 500)
     yield DONE

@@ -129,7 +129,7 @@ async def _events(
             yield sse(call.obj(call.chunk_kind, [], usage=usage(lasts, call.n)))
     except HTTPError as exc:  # an engine abort
         yield sse_error(str(exc), exc.status_code)
-    except Exception:  # noqa: BLE001 - the stream has started: report, don't raise
+    except Exception:  # the stream has started: report, don't raise
         logger.exception("OpenAI stream failed")
         yield sse_error("internal error", 500)
     yield DONE
@@ -241,7 +241,7 @@ def chat_prompt(
         )
     except InvalidRequest:
         raise
-    except Exception as exc:  # noqa: BLE001 - template errors are the client's messages
+    except Exception as exc:  # template errors are the client's messages
         raise InvalidRequest(f"messages: cannot apply the chat template: {exc}") from None
     bos = getattr(tokenizer, "bos_token", None)
     with_special = not (bos and text.startswith(bos))

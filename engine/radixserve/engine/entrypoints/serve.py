@@ -124,20 +124,6 @@ async def _watch_children(children: ChildProcesses) -> None:
             return
 
 
-def _ready_banner(args: ServerArgs) -> str:
-    url = f"http://{args.host}:{args.port}"
-    return (
-        f"radixserve: serving {args.model_name} on {url}\n"
-        f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
-        f'    -d \'{{"model": "{args.model_name}", "messages": '
-        f'[{{"role": "user", "content": "Hello!"}}]}}\'\n'
-        f"  python -c \"import openai; c = openai.OpenAI(base_url='{url}/v1', api_key='x'); "
-        f"print(c.completions.create(model='{args.model_name}', prompt='Hi', max_tokens=16)"
-        f'.choices[0].text)"\n'
-        f"  Ctrl-C stops the server."
-    )
-
-
 def make_lifespan(state: ServerState) -> Any:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -1,7 +1,8 @@
-"""Linear layers, including fused ones that load several checkpoint tensors as shards.
+"""A plain, unsharded linear layer: every rank holds the whole weight.
 
-Fusing q/k/v and gate/up halves the number of matmuls per layer, which matters on CPU.
-Tensor parallelism will slice these along their output (column) or input (row) dimension.
+Used for the two small MoE gates in layers/moe.py (the expert router and the shared-expert
+gate). The projections that tensor parallelism splits, including the fused q/k/v and gate/up
+ones, are in layers/parallel_linear.py.
 """
 
 from __future__ import annotations
@@ -21,23 +22,3 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
-
-
-class MergedLinear(Linear):
-    """Several projections of the same input stacked along the output dimension."""
-
-    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
-        super().__init__(input_size, sum(output_sizes), bias)
-        self.output_sizes = list(output_sizes)
-        self.offsets = [sum(output_sizes[:i]) for i in range(len(output_sizes))]
-
-    def load_shard(self, shard: int, tensor: torch.Tensor, is_bias: bool) -> None:
-        start, size = self.offsets[shard], self.output_sizes[shard]
-        target = self.bias if is_bias else self.weight
-        if target is None:
-            raise ValueError("checkpoint has a bias for a projection built without one")
-        if tensor.shape[0] != size:
-            raise ValueError(
-                f"shard {shard}: expected {size} rows, checkpoint has {tensor.shape[0]}"
-            )
-        target.data[start : start + size].copy_(tensor)

@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from radixserve.engine.layers.vocab_embedding import LMHead
     from radixserve.engine.layers.vocab_parallel import ParallelLMHead
     from radixserve.engine.model_executor.forward_batch import ForwardBatch
 
@@ -23,7 +22,7 @@ class LogitsProcessorOutput:
 
 class LogitsProcessor(nn.Module):
     def forward(
-        self, hidden: torch.Tensor, lm_head: LMHead | ParallelLMHead, forward_batch: ForwardBatch
+        self, hidden: torch.Tensor, lm_head: ParallelLMHead, forward_batch: ForwardBatch
     ) -> LogitsProcessorOutput:
         """hidden: [T, hidden] for all new tokens of the batch."""
         if forward_batch.forward_mode.is_decode():

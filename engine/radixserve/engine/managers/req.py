@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from radixserve.engine.managers.finish_reason import (
+from radixserve.engine.ipc.finish_reason import (
     FinishLength,
     FinishMatchedStr,
     FinishMatchedToken,

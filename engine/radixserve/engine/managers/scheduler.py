@@ -15,10 +15,10 @@ from collections import deque
 import torch
 
 from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.ipc.finish_reason import FinishAbort
 from radixserve.engine.ipc.messages import LoadOutput, StateOutput
 from radixserve.engine.layers.dp_attention import DpAttentionMeta
 from radixserve.engine.managers.dp_attention_sync import DpAttentionSync
-from radixserve.engine.managers.finish_reason import FinishAbort
 from radixserve.engine.managers.overlap import ForwardWorker, FutureMap, InflightBatch
 from radixserve.engine.managers.prefill_adder import AddReqResult, PrefillAdder, PrefillBudget
 from radixserve.engine.managers.prefix_match import StepPrefixMatches, WaitingPins

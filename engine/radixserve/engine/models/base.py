@@ -1,6 +1,7 @@
 """CausalLM: what the ModelRunner needs of every model architecture (runs in the scheduler
-process, on the runner's device). Architectures subclass it, one file each, and register in
-`registry`; they know ForwardBatch only as the argument they pass on to attention."""
+process, on the runner's device). Architectures subclass it, one file each, listed in
+`registry`. Of the ForwardBatch they read only the forward mode (an IDLE rank skips attention)
+and the DP-attention metadata; attention and the logits processor read the rest."""
 
 from __future__ import annotations
 
