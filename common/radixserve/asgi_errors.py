@@ -12,25 +12,22 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixserve.logging_setup import REQUEST_ID, REQUEST_ID_HEADER
+from radixserve.protocol.http_edge import ApiKeyMiddleware, error_body
 
 logger = logging.getLogger(__name__)
 
 
 def internal_error_body(exc: BaseException, request_id: str) -> dict[str, Any]:
-    return {
-        "object": "error",
-        "message": f"internal error: {type(exc).__name__}",
-        "type": "InternalServerError",
-        "param": None,
-        "code": 500,
-        "request_id": request_id,
-    }
+    return error_body(f"internal error: {type(exc).__name__}", 500, request_id=request_id)
 
 
 class InternalErrorMiddleware:
@@ -97,13 +94,8 @@ class _BodyTooLarge(Exception):
 
 
 def body_too_large_body(limit: int) -> dict[str, Any]:
-    return {
-        "object": "error",
-        "message": f"body: the request body is larger than this server's limit of {limit} bytes",
-        "type": "RequestTooLargeError",
-        "param": "body",
-        "code": 413,
-    }
+    message = f"body: the request body is larger than this server's limit of {limit} bytes"
+    return error_body(message, 413, "body")
 
 
 class BodyLimitMiddleware:
@@ -153,3 +145,27 @@ class BodyLimitMiddleware:
         await JSONResponse(body, status_code=413, headers={"Connection": "close"})(
             scope, receive, send
         )
+
+
+# ---- the stack both servers install ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EdgeConfig:
+    """What a server's edge enforces: the body limit (None: the environment's, else the
+    default) and, with `api_key`, the key on every path `is_open` refuses."""
+
+    max_body_bytes: int | None = None
+    api_key: str | None = field(default=None, repr=False)
+    is_open: Callable[[str], bool] = lambda _: False
+
+
+def install_edge_middleware(app: Starlette, edge: EdgeConfig) -> None:
+    """The engine's and the router's middleware. Outermost first: the request id and the 500
+    guard, so every answer (a 401 or a 413 too) carries X-Request-ID; the body limit; the key
+    check."""
+    if edge.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=edge.api_key, is_open=edge.is_open)
+    limit = edge.max_body_bytes or max_body_bytes_from_env()
+    app.add_middleware(BodyLimitMiddleware, max_bytes=limit)
+    app.add_middleware(InternalErrorMiddleware)  # added last: Starlette runs it first

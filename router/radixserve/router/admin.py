@@ -11,16 +11,14 @@ flush empties the mirrors too, through the workers' AllBlocksCleared events. Wit
 from __future__ import annotations
 
 import asyncio
-import hmac
 from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixserve.protocol.json_body import BodyError, parse_json_object
+from radixserve.protocol.http_edge import bearer_matches, error_response, read_json_body
 from radixserve.router.engine_api import split_engine_api
-from radixserve.router.proxy import error_response
 from radixserve.router.targets import KVEndpoint, normalize_url
 
 
@@ -28,8 +26,8 @@ def _denied(request: Request) -> Response | None:
     key = request.app.state.router.config.admin_key
     if key is None:
         return error_response("admin API is closed: start the router with --admin-key", 401)
-    given = request.headers.get("authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+    given = request.headers.get("authorization", "").encode("latin-1")
+    if not bearer_matches(given, key):
         return error_response("invalid or missing admin key", 401)
     return None
 
@@ -56,10 +54,9 @@ def _kv_events(raw: Any) -> tuple[KVEndpoint, ...] | None:
 
 async def _add_worker(request: Request) -> Response:
     state = request.app.state.router
-    try:
-        body = parse_json_object(await request.body())
-    except BodyError as exc:
-        return error_response(str(exc), 400)
+    body = await read_json_body(request)
+    if isinstance(body, Response):
+        return body
     if not isinstance(body.get("url"), str):
         return error_response("url: expected a string such as http://host:port", 400)
     try:

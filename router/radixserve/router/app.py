@@ -18,17 +18,13 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixserve.asgi_errors import (
-    BodyLimitMiddleware,
-    InternalErrorMiddleware,
-    max_body_bytes_from_env,
-)
+from radixserve.asgi_errors import EdgeConfig, install_edge_middleware
 from radixserve.protocol.http_api import INFERENCE_BODIES, openapi_with_bodies
-from radixserve.protocol.json_body import BodyError, parse_json_object
+from radixserve.protocol.http_edge import read_json_body
 from radixserve.router.admin import install_admin_routes
-from radixserve.router.auth import ClientKeyMiddleware
+from radixserve.router.auth import is_open_path
 from radixserve.router.config import RouterConfig
-from radixserve.router.proxy import error_response, no_worker_response
+from radixserve.router.proxy import no_worker_response
 from radixserve.router.state import RouterState
 
 PROXIED_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")
@@ -38,15 +34,6 @@ OFFLOAD_TOKENIZE_BYTES = 64 * 1024  # bodies above this are tokenized on a worke
 def st(request: Request) -> RouterState:
     state: RouterState = request.app.state.router
     return state
-
-
-async def read_body(request: Request) -> dict[str, Any] | Response:
-    """The body as a JSON object, else a 400 naming the field (the engine's parser): a NaN or
-    Infinity could not be forwarded anyway, as httpx writes standard JSON only."""
-    try:
-        return parse_json_object(await request.body())
-    except BodyError as exc:
-        return error_response(str(exc), 400)
 
 
 async def routing_tokens(
@@ -69,7 +56,7 @@ async def routing_tokens(
 
 def install_inference_routes(app: FastAPI) -> None:
     async def proxied(request: Request) -> Response:
-        body = await read_body(request)
+        body = await read_json_body(request)
         if isinstance(body, Response):
             return body
         state = st(request)
@@ -125,9 +112,6 @@ def create_app(config: RouterConfig) -> FastAPI:
     install_health_routes(app)
     install_admin_routes(app)
     app.openapi = openapi_with_bodies(app.openapi, INFERENCE_BODIES)  # type: ignore[method-assign]
-    if config.api_key:
-        app.add_middleware(ClientKeyMiddleware, api_key=config.api_key)
-    max_body = config.max_request_body_bytes or max_body_bytes_from_env()
-    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body)
-    app.add_middleware(InternalErrorMiddleware)  # a bug is a JSON 500 naming the request id
+    edge = EdgeConfig(config.max_request_body_bytes, config.api_key, is_open_path)
+    install_edge_middleware(app, edge)
     return app

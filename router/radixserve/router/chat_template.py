@@ -2,11 +2,12 @@
 
 The engine (engine/entrypoints/openai_serving.py `chat_prompt`) validates the OpenAI messages,
 flattens list-of-parts content, then calls transformers' `apply_chat_template(tokenize=False,
-add_generation_prompt=True, **chat_template_kwargs)`. This module reproduces that whole path:
-the same message normalisation, the same treatment of `chat_template_kwargs` keys that are
-apply_chat_template's own parameters, and the same Jinja environment (an immutable sandbox with
-trim_blocks, lstrip_blocks, loop controls, a pass-through `{% generation %}` block, and the
-`raise_exception`, `strftime_now`, `tojson`, `dict` and `namespace` helpers).
+add_generation_prompt=True, **chat_template_kwargs)`. This module reproduces the rest of that
+path (both take the messages from radixserve.protocol.request_fields): the same treatment of
+`chat_template_kwargs` keys that are apply_chat_template's own parameters, and the same Jinja
+environment (an immutable sandbox with trim_blocks, lstrip_blocks, loop controls, a
+pass-through `{% generation %}` block, and the `raise_exception`, `strftime_now`, `tojson`,
+`dict` and `namespace` helpers).
 
 Every failure is a ValueError whose message starts with the field at fault ("messages: ...",
 "messages.2.content: ...", "chat_template_kwargs: ...").
@@ -38,51 +39,6 @@ _COLLIDING = frozenset(
 )
 # Options that cannot work with tokenize=False / add_generation_prompt=True: transformers raises.
 _REFUSED = ("return_assistant_tokens_mask", "continue_final_message", "sanitize_control_tokens")
-
-
-# ---- messages -----------------------------------------------------------------------------------
-
-
-def message_dicts(messages: Any) -> list[dict[str, Any]]:
-    """OpenAI messages as the engine hands them to the template: role, content (parts joined by
-    newlines, None as ""), and name when given; other keys are dropped as the engine drops them."""
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("messages: expected a non-empty list of messages")
-    return [_message_dict(i, m) for i, m in enumerate(messages)]
-
-
-def _message_dict(i: int, message: Any) -> dict[str, Any]:
-    if not isinstance(message, dict):
-        raise ValueError(f"messages.{i}: expected an object")
-    role, name = message.get("role"), message.get("name")
-    if not isinstance(role, str):
-        raise ValueError(f"messages.{i}.role: expected a string")
-    if name is not None and not isinstance(name, str):
-        raise ValueError(f"messages.{i}.name: expected a string")
-    out: dict[str, Any] = {"role": role, "content": _content(i, message.get("content"))}
-    if name is not None:
-        out["name"] = name
-    return out
-
-
-def _content(i: int, content: Any) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    if not isinstance(content, list):
-        raise ValueError(f"messages.{i}.content: expected a string or a list of parts")
-    texts = []
-    for part in content:
-        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-            raise ValueError(f"messages.{i}.content: each part needs a string 'type'")
-        text = part.get("text")
-        if text is not None and not isinstance(text, str):
-            raise ValueError(f"messages.{i}.content: a part's 'text' must be a string")
-        if part["type"] != "text" or text is None:
-            raise ValueError(
-                f"messages.{i}.content: only text parts are supported, got {part['type']!r}"
-            )
-        texts.append(text)
-    return "\n".join(texts)
 
 
 # ---- the Jinja environment ----------------------------------------------------------------------

@@ -14,16 +14,15 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 from collections.abc import AsyncIterator, Mapping
-from types import MappingProxyType
 from typing import Any
 
 import httpx
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
+from radixserve.protocol.http_edge import SSE_DONE, error_response, sse_error
 from radixserve.router.config import RouterConfig
 from radixserve.router.metrics import RouterMetrics
 from radixserve.router.selector import Lease, Selector
@@ -36,41 +35,13 @@ FORWARDED_HEADERS = ("authorization", "x-request-id", "traceparent")
 NO_WORKER_RETRY_AFTER_S = 5
 
 
-# The engine's error shape, so a client sees the same JSON from the router and a replica.
-_ERROR_TYPES = MappingProxyType(
-    {
-        400: "BadRequestError",
-        401: "AuthenticationError",
-        404: "NotFoundError",
-        502: "BadGatewayError",
-        503: "ServiceUnavailableError",
-    }
-)
-
-
-def error_body(message: str, status: int) -> dict[str, Any]:
-    kind = _ERROR_TYPES.get(status, "Error")
-    return {"object": "error", "message": message, "type": kind, "code": status}
-
-
-def error_response(message: str, status: int, headers: Mapping[str, str] | None = None) -> Response:
-    body = error_body(message, status)
-    return JSONResponse(body, status_code=status, headers=dict(headers or {}))
-
-
 def no_worker_response() -> Response:
     """503 with Retry-After: nothing to route to (yet); clients and probes should come back."""
     return error_response(
         "no healthy engine replica is available",
         503,
-        {"Retry-After": str(NO_WORKER_RETRY_AFTER_S)},
+        headers={"Retry-After": str(NO_WORKER_RETRY_AFTER_S)},
     )
-
-
-def sse_error(message: str) -> bytes:
-    """The engine's in-stream error event, then the end marker clients wait for."""
-    event = {"error": error_body(message, 502)}
-    return f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode()
 
 
 class Proxy:
@@ -182,7 +153,9 @@ class Proxy:
                 outcome = "stream_error"
                 lease.worker.breaker.record(False)
                 logger.info("stream broke url=%s error=%r", lease.worker.url, exc)
-                yield sse_error(f"engine replica {lease.worker.url} failed mid-stream: {exc}")
+                # The engine's in-stream error event, then the end marker clients wait for.
+                yield sse_error(f"engine replica {lease.worker.url} failed mid-stream: {exc}", 502)
+                yield SSE_DONE
                 self._recheck(lease)
             finally:
                 await upstream.aclose()

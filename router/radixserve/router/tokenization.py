@@ -24,7 +24,8 @@ from typing import Any
 import httpx
 from tokenizers import AddedToken, Tokenizer
 
-from radixserve.router.chat_template import message_dicts, render_chat
+from radixserve.protocol.request_fields import is_token_id, message_dicts
+from radixserve.router.chat_template import render_chat
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +56,8 @@ def _ids(backend: Tokenizer, text: str, add_special_tokens: bool) -> list[int]:
     return ids
 
 
-def _is_id(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _is_ids(x: object) -> bool:
-    return isinstance(x, list) and bool(x) and all(_is_id(t) for t in x)
+    return isinstance(x, list) and bool(x) and all(is_token_id(t) for t in x)
 
 
 @dataclass(frozen=True)
@@ -224,7 +221,7 @@ class RouterTokenizer:
             return None
         if all(isinstance(p, str) for p in prompt):
             return self._first_text(prompt)
-        if all(_is_id(t) for t in prompt):
+        if all(is_token_id(t) for t in prompt):
             return list(prompt)
         if all(_is_ids(p) for p in prompt):
             return self._first_ids(prompt)

@@ -27,11 +27,12 @@ from radixserve.engine.managers.tokenizer_manager import (
     GenerateInput,
     TokenizerManager,
 )
+from radixserve.protocol.http_edge import SSE_DONE
 
 T = TypeVar("T")
 
 DISCONNECT_POLL_S = 0.5
-DONE = b"data: [DONE]\n\n"
+DONE = SSE_DONE
 
 
 @dataclass(slots=True)

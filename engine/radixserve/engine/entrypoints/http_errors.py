@@ -1,5 +1,6 @@
 """HTTP errors of the engine, in OpenAI's JSON shape
-`{"object": "error", "message", "type", "param", "code"}`.
+`{"object": "error", "message", "type", "param", "code"}` (radixserve.protocol.http_edge, which
+the router answers with too).
 
 Only a validation error (`InvalidRequest`, raised while validating a request at the edge) is a
 400, its `param` naming the field. `HTTPError` carries another status the edge chose (an engine
@@ -9,7 +10,6 @@ traceback logged under that id. Every response carries `X-Request-ID`.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -17,24 +17,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from radixserve.asgi_errors import (
-    BodyLimitMiddleware,
-    InternalErrorMiddleware,
-    max_body_bytes_from_env,
-)
+from radixserve.asgi_errors import EdgeConfig, install_edge_middleware
 from radixserve.engine.entrypoints.request_builder import InvalidRequest
+from radixserve.protocol.http_edge import error_response
 from radixserve.protocol.json_body import BodyError, parse_json_object
 
 logger = logging.getLogger(__name__)
-
-_TYPES = {
-    400: "BadRequestError",
-    401: "AuthenticationError",
-    404: "NotFoundError",
-    413: "RequestTooLargeError",
-    503: "ServiceUnavailableError",
-    500: "InternalServerError",
-}
 
 
 class HTTPError(Exception):
@@ -43,30 +31,6 @@ class HTTPError(Exception):
     def __init__(self, message: str, status_code: int) -> None:
         super().__init__(message)
         self.status_code = status_code
-
-
-def error_body(
-    message: str, status_code: int, param: str | None = None, request_id: str | None = None
-) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "object": "error",
-        "message": message,
-        "type": _TYPES.get(status_code, "Error"),
-        "param": param,
-        "code": status_code,
-    }
-    if request_id is not None:
-        body["request_id"] = request_id
-    return body
-
-
-def error_response(message: str, status_code: int, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, status_code, param), status_code=status_code)
-
-
-def sse_error(message: str, status_code: int) -> bytes:
-    """The error event that ends a stream that already started (then `data: [DONE]`)."""
-    return f"data: {json.dumps({'error': error_body(message, status_code)})}\n\n".encode()
 
 
 async def read_json_object(request: Request) -> dict[str, Any]:
@@ -86,7 +50,10 @@ def _describe(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-def install_error_handlers(app: FastAPI, max_body_bytes: int | None = None) -> None:
+def install_error_handlers(app: FastAPI, edge: EdgeConfig | None = None) -> None:
+    """The engine's error answers, plus the edge middleware the router installs too (request
+    id, body limit, API key: radixserve.asgi_errors.install_edge_middleware)."""
+
     @app.exception_handler(InvalidRequest)
     async def _invalid(_: Request, exc: InvalidRequest) -> JSONResponse:
         return error_response(str(exc), 400, exc.field)
@@ -99,6 +66,4 @@ def install_error_handlers(app: FastAPI, max_body_bytes: int | None = None) -> N
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(_describe(exc), 400)
 
-    limit = max_body_bytes or max_body_bytes_from_env()  # --max-request-body-bytes, else env
-    app.add_middleware(BodyLimitMiddleware, max_bytes=limit)
-    app.add_middleware(InternalErrorMiddleware)
+    install_edge_middleware(app, edge or EdgeConfig())

@@ -15,8 +15,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
-from starlette.types import ASGIApp, Receive, Scope, Send
 
+from radixserve.asgi_errors import EdgeConfig
 from radixserve.engine.entrypoints.generation import (
     DONE,
     GenerateOutput,
@@ -28,10 +28,8 @@ from radixserve.engine.entrypoints.generation import (
 )
 from radixserve.engine.entrypoints.http_errors import (
     HTTPError,
-    error_response,
     install_error_handlers,
     read_json_object,
-    sse_error,
 )
 from radixserve.engine.entrypoints.openai_protocol import (
     ChatCompletionRequest,
@@ -50,12 +48,13 @@ from radixserve.engine.entrypoints.server_state import ServerState
 from radixserve.engine.ipc.finish_reason import FinishAbort
 from radixserve.engine.managers.tokenizer_manager import GenerateInput
 from radixserve.protocol.http_api import ENGINE_BODIES, openapi_with_bodies
+from radixserve.protocol.http_edge import error_response, sse_error
 
 logger = logging.getLogger(__name__)
 
 # Probes and Prometheus scrapes carry no key (as vLLM and SGLang leave them); /metrics holds
 # counts and latencies, never request content.
-OPEN_PATHS = {"/health", "/metrics"}
+OPEN_PATHS = frozenset({"/health", "/metrics"})
 HEALTH_PARAMS = {"max_new_tokens": 1, "temperature": 0}
 
 
@@ -256,31 +255,12 @@ def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per
         return Response(state.metrics.render(loads), media_type="text/plain; version=0.0.4")
 
 
-class ApiKeyMiddleware:
-    """Pure ASGI, so that routes still see client disconnects: every path but OPEN_PATHS
-    needs `Authorization: Bearer <key>`."""
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        open_path = scope["type"] != "http" or scope["path"] in OPEN_PATHS
-        if (
-            not open_path
-            and dict(scope.get("headers") or []).get(b"authorization") != self.expected
-        ):
-            await error_response("invalid or missing API key", 401)(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="radixserve engine")
     app.state.server = state
-    install_error_handlers(app, state.args.max_request_body_bytes)
-    if state.args.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=state.args.api_key)
+    args = state.args
+    edge = EdgeConfig(args.max_request_body_bytes, args.api_key, OPEN_PATHS.__contains__)
+    install_error_handlers(app, edge)
     install_native_routes(app)
     install_openai_routes(app)
     app.openapi = openapi_with_bodies(app.openapi, ENGINE_BODIES)  # type: ignore[method-assign]

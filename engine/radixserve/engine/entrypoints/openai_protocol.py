@@ -39,6 +39,7 @@ from radixserve.protocol.http_api import (
     SamplingRequest,
     StreamOptions,
 )
+from radixserve.protocol.request_fields import is_token_id
 
 __all__ = [  # the request models live in radixserve.protocol (the router publishes them too)
     "COMPLETION_DEFAULT_MAX_TOKENS",
@@ -89,10 +90,6 @@ def check_model(req: SamplingRequest, served: str) -> None:
         raise InvalidRequest(f"model: The model `{req.model}` does not exist.")
 
 
-def _is_id(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def prompt_list(prompt: Any, tokenize: Callable[[str], list[int]]) -> list[Prompt]:
     """(text or None, token ids) per prompt of a completions request."""
     if isinstance(prompt, str):
@@ -100,35 +97,14 @@ def prompt_list(prompt: Any, tokenize: Callable[[str], list[int]]) -> list[Promp
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
             return [Prompt(p, tokenize(p)) for p in prompt]
-        if all(_is_id(t) for t in prompt):
+        if all(is_token_id(t) for t in prompt):
             return [Prompt(None, list(prompt))]
-        if all(isinstance(p, list) and p and all(_is_id(t) for t in p) for p in prompt):
+        if all(isinstance(p, list) and p and all(is_token_id(t) for t in p) for p in prompt):
             return [Prompt(None, list(p)) for p in prompt]
     raise InvalidRequest(
         "prompt: expected a string, a list of strings, a list of token ids "
         "or a list of non-empty lists of token ids"
     )
-
-
-def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages for the chat template, list-of-parts content flattened to one string."""
-    out = []
-    for i, m in enumerate(messages):
-        content = m.content
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                if part.type != "text" or part.text is None:
-                    raise InvalidRequest(
-                        f"messages.{i}.content: only text parts are supported, got {part.type!r}"
-                    )
-                texts.append(part.text)
-            content = "\n".join(texts)
-        d: dict[str, Any] = {"role": m.role, "content": content or ""}
-        if m.name is not None:
-            d["name"] = m.name
-        out.append(d)
-    return out
 
 
 def rename_error(exc: InvalidRequest) -> InvalidRequest:

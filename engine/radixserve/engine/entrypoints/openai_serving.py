@@ -31,7 +31,7 @@ from radixserve.engine.entrypoints.generation import (
     stream_chunks,
     until_disconnect,
 )
-from radixserve.engine.entrypoints.http_errors import HTTPError, sse_error
+from radixserve.engine.entrypoints.http_errors import HTTPError
 from radixserve.engine.entrypoints.openai_protocol import (
     COMPLETION_DEFAULT_MAX_TOKENS,
     ChatCompletionRequest,
@@ -43,7 +43,6 @@ from radixserve.engine.entrypoints.openai_protocol import (
     check_model,
     completion_logprobs,
     finish_reason,
-    message_dicts,
     openai_inputs,
     parse_body,
     prompt_list,
@@ -52,6 +51,8 @@ from radixserve.engine.entrypoints.openai_protocol import (
 from radixserve.engine.entrypoints.request_builder import InvalidRequest, OutputOptions, Prompt
 from radixserve.engine.entrypoints.server_state import ServerState
 from radixserve.engine.managers.tokenizer_manager import GenerateChunk, GenerateInput
+from radixserve.protocol.http_edge import sse_error
+from radixserve.protocol.request_fields import message_dicts
 
 logger = logging.getLogger(__name__)
 
@@ -233,14 +234,16 @@ def chat_prompt(
     if getattr(tokenizer, "chat_template", None) is None:
         raise InvalidRequest("messages: this model has no chat template")
     try:
+        dicts = message_dicts([m.model_dump() for m in messages])
+    except ValueError as exc:  # a non-text part: the field is in the message
+        raise InvalidRequest(str(exc)) from None
+    try:
         text = tokenizer.apply_chat_template(
-            message_dicts(messages),
+            dicts,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             **(template_kwargs or {}),
         )
-    except InvalidRequest:
-        raise
     except Exception as exc:  # template errors are the client's messages
         raise InvalidRequest(f"messages: cannot apply the chat template: {exc}") from None
     bos = getattr(tokenizer, "bos_token", None)

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 from radixserve.engine.managers.tokenizer_manager import GenerateInput
 from radixserve.engine.sampling import SamplingParams
 from radixserve.protocol.http_api import MAX_N, MAX_TOP_LOGPROBS
+from radixserve.protocol.request_fields import is_token_id
 
 Tokenize = Callable[[str], list[int]]
 
@@ -56,10 +57,6 @@ class OutputOptions:
     data_parallel_rank: int | None = None  # pin every prompt of the call to this DP rank
 
 
-def _is_id(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def native_prompts(
     tokenize: Tokenize, text: Any, input_ids: Any, text_field: str = "text"
 ) -> tuple[list[Prompt], bool]:
@@ -71,11 +68,11 @@ def native_prompts(
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
             raise InvalidRequest(f"{text_field}: expected a string or a list of strings")
         return [Prompt(t, tokenize(t)) for t in texts], isinstance(text, str)
-    single = isinstance(input_ids, list) and bool(input_ids) and _is_id(input_ids[0])
+    single = isinstance(input_ids, list) and bool(input_ids) and is_token_id(input_ids[0])
     lists = [input_ids] if single else input_ids
     if not isinstance(lists, list) or not all(isinstance(x, list) for x in lists):
         raise InvalidRequest("input_ids: expected a list of ints or a list of lists")
-    if not all(_is_id(t) for x in lists for t in x):
+    if not all(is_token_id(t) for x in lists for t in x):
         raise InvalidRequest("input_ids: token ids must be integers")
     return [Prompt(None, list(x)) for x in lists], single
 
@@ -100,7 +97,7 @@ def per_prompt_params(sampling_params: Any, num_prompts: int) -> list[dict[str, 
 def parse_params(raw: dict[str, Any], vocab_size: int) -> SamplingParams:
     """SamplingParams from a request's object: types, ranges, then the canonical form."""
     for key, value in raw.items():  # the scheduler's messages carry int64 at most
-        if _is_id(value) and not -(2**63) <= value < 2**63:
+        if is_token_id(value) and not -(2**63) <= value < 2**63:
             raise InvalidRequest(f"{key}: integer out of range, got {value}")
     try:
         params = SamplingParams.from_dict(raw)
