@@ -138,6 +138,36 @@ _HELP = MappingProxyType(
         "inflight_max_tokens": "per-target token budget of the in-flight overlay",
         "max_request_body_bytes": "a larger request body is a 413 (default 32 MiB)",
         "header_timeout_s": "close a connection whose request headers take longer (default 30)",
+        "host": "address the router binds",
+        "port": "HTTP port",
+        "cache_threshold": (
+            "cache_aware: route to the longest cached prefix when it covers more than this "
+            "fraction of the prompt"
+        ),
+        "balance_abs_threshold": (
+            "cache_aware: the load is imbalanced when max - min exceeds this (and the relative "
+            "threshold): then the least-loaded replica gets the request"
+        ),
+        "balance_rel_threshold": "cache_aware: ... and when max exceeds min times this",
+        "cost_queue_weight": "cost: uncached prompt tokens + this x the tokens queued there",
+        "approx_max_tokens": "per-replica token budget of the trees of replicas without KV events",
+        "health_check_interval_s": "seconds between health checks of each replica",
+        "health_check_timeout_s": "a health check slower than this fails",
+        "health_failure_threshold": "consecutive failed checks that take a replica out",
+        "health_success_threshold": "consecutive passed checks that bring it back",
+        "load_check_interval_s": "seconds between polls of each replica's load",
+        "cb_failure_threshold": "circuit breaker: consecutive failed requests that open it",
+        "cb_success_threshold": "circuit breaker: consecutive successes that close it again",
+        "cb_timeout_s": "circuit breaker: seconds open before one probe request may go through",
+        "disable_circuit_breaker": "never take a replica out for failed requests",
+        "retry_max_attempts": "tries per request, retried only before the first byte is sent",
+        "retry_initial_backoff_s": "the first retry's backoff (x1.5 per retry after)",
+        "retry_max_backoff_s": "the longest backoff between retries",
+        "connect_timeout_s": "connecting to a replica slower than this fails",
+        "request_timeout_s": "a proxied request slower than this fails",
+        "k8s_namespace": "namespace of --k8s-service (default: the pod's own, else default)",
+        "k8s_http_port_name": "EndpointSlice port name of the engines' HTTP port",
+        "k8s_kv_events_port_name": "EndpointSlice port name of the engines' KV-event port",
     }
 )
 

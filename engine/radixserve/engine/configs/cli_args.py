@@ -19,7 +19,49 @@ API_KEY_ENV = "RADIXSERVE_API_KEY"  # how Kubernetes hands the engine a Secret (
 _HELP: Mapping[str, str] = MappingProxyType(
     {
         "model_path": "HF folder, .gguf file, or alias (smollm2-135m)",
+        "revision": "branch, tag or commit when --model-path is a Hub repo id",
+        "served_model_name": "the model name the API reports and accepts (default: model path)",
         "dtype": "float32 | bfloat16 | float16 | auto",
+        "device": "cpu, or cuda / cuda:N",
+        "random_seed": "seed of torch's generator and of the random schedule policy",
+        "mem_fraction_static": "KV pool share of memory (default: 0.88 of GPU, 0.2 of free RAM)",
+        "max_running_requests": "most requests decoding at once (default: from the pool size)",
+        "max_prefill_tokens": "most new tokens in one prefill batch",
+        "schedule_conservativeness": (
+            "scales the output-length estimate that admission reserves room for (> 1: admit "
+            "fewer requests, retract less)"
+        ),
+        "enable_mixed_chunk": "run a prefill chunk and the running decodes in one forward",
+        "max_queued_requests": "waiting requests beyond this are refused with a 503",
+        "disable_radix_cache": "no prefix reuse: each request's KV is freed when it finishes",
+        "radix_eviction_policy": "lru | lfu | fifo: which cached prefixes are evicted first",
+        "waiting_prefix_pin_fraction": (
+            "pin the cached prefixes of waiting requests, up to this fraction of the pool (0: off)"
+        ),
+        "disable_overlap_schedule": (
+            "schedule the next batch after the forward, not during it (default: off on CPU)"
+        ),
+        "attention_backend": (
+            "auto (grouped on CPU; flashinfer, else triton, on CUDA) | grouped | torch | triton "
+            "| flashinfer"
+        ),
+        "cuda_graph_max_bs": "CUDA: capture decode graphs up to this batch size (default 160)",
+        "disable_cuda_graph": "CUDA: run decode eagerly, without captured graphs",
+        "enable_dp_attention": (
+            "attention, KV cache and scheduler per DP rank; MLP / MoE over the whole TP group"
+        ),
+        "host": "address the HTTP server binds",
+        "port": "HTTP port",
+        "skip_server_warmup": "serve without first generating one token (the start-up check)",
+        "max_request_body_bytes": (
+            "a larger request body is a 413 (default: $RADIXSERVE_MAX_REQUEST_BODY_BYTES, "
+            "else 32 MiB)"
+        ),
+        "header_timeout_s": (
+            "close a connection whose request headers take longer (default: "
+            "$RADIXSERVE_HEADER_TIMEOUT_S, else 30)"
+        ),
+        "log_level": "debug | info | warning | error",
         "page_size": "tokens per KV page",
         "max_total_tokens": "KV pool size in tokens (default: from mem_fraction_static)",
         "chunked_prefill_size": "max tokens per prefill chunk (-1 disables)",
