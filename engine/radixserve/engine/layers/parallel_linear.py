@@ -26,7 +26,7 @@ from torch import nn
 from radixserve.engine.distributed import GroupHandle
 from radixserve.engine.model_loader.weight import Weight, read_slice, weight_shape
 from radixserve.kernels.cpu.amx_gemm import AmxGemm
-from radixserve.kernels.cpu.packed_gemm import PackedWeight
+from radixserve.kernels.cpu.packed_gemm import PackedWeight, pack_first
 from radixserve.kernels.cpu.rowwise_gemm import RowwiseGemm
 
 # oneDNN picks its blocked layout for a batch size; one layout serves every batch. Measured
@@ -60,14 +60,9 @@ class _Prepackable(nn.Module):
         weight cannot be packed."""
         if self.weight is None or self.packed is not None or not can_prepack(self.weight):
             return None
-        amx_packed = amx.pack(self.weight.data) if amx is not None else None
-        rowwise_packed = (
-            rowwise.pack(self.weight.data) if rowwise is not None and amx_packed is None else None
-        )
-        if amx_packed is not None:
-            self.packed, layout = amx_packed, "amx"
-        elif rowwise_packed is not None:
-            self.packed, layout = rowwise_packed, "rowwise"
+        found = pack_first(self.weight.data, (amx, rowwise))
+        if found is not None:
+            self.packed, layout = found
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.data, PACK_BATCH_HINT)
             layout = "onednn"

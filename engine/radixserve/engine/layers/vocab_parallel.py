@@ -14,7 +14,7 @@ from torch import nn
 from radixserve.engine.distributed import GroupHandle
 from radixserve.engine.model_loader.weight import Weight, read_slice, weight_shape
 from radixserve.kernels.cpu.amx_gemm import AmxGemm
-from radixserve.kernels.cpu.packed_gemm import PackedWeight
+from radixserve.kernels.cpu.packed_gemm import PackedWeight, pack_first
 from radixserve.kernels.cpu.rowwise_gemm import RowwiseGemm
 
 
@@ -116,11 +116,9 @@ class ParallelLMHead(nn.Module):
         done = self.packed is not None or self.weight_f32 is not None
         if done or self.weight is None or self.weight.dtype != torch.bfloat16:
             return None
-        for kernel, name in ((amx, "amx"), (rowwise, "rowwise")):
-            packed = kernel.pack(self.weight.data) if kernel is not None else None
-            if packed is not None:
-                self.packed, layout = packed, name
-                break
+        found = pack_first(self.weight.data, (amx, rowwise))
+        if found is not None:
+            self.packed, layout = found
         else:
             self.weight_f32, layout = self.weight.data.float(), "float32"
         if not self.tied:

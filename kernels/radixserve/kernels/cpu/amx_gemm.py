@@ -14,7 +14,7 @@ import functools
 import logging
 import subprocess
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -22,9 +22,9 @@ from radixserve.kernels.cpu.build import KERNEL_DIR, bind, open_library
 from radixserve.kernels.cpu.packed_gemm import (
     LINEAR_ARGS,
     PACK_ARGS,
+    PackedGemmLibrary,
     PackedWeight,
     bf16_matrix,
-    call_linear,
     call_pack,
 )
 
@@ -48,10 +48,10 @@ def packable(weight: torch.Tensor) -> bool:
 
 
 @dataclass(frozen=True)
-class AmxGemm:
+class AmxGemm(PackedGemmLibrary):
     """The library's functions (argtypes/restype set by `load_amx_gemm`)."""
 
-    lib: Any
+    ENTRY: ClassVar[str] = "amx"
 
     def pack(self, weight: torch.Tensor) -> AmxWeight | None:
         """The packed copy of weight [n, k], or None where its shape or dtype is not taken."""
@@ -60,17 +60,6 @@ class AmxGemm:
         n, k = weight.shape
         data = call_pack(self.lib.radixserve_amx_pack, "amx_pack", weight, n * k)
         return AmxWeight(data, n, k, self)
-
-    def linear(
-        self,
-        x: torch.Tensor,
-        w: PackedWeight,
-        bias: torch.Tensor | None = None,
-        out_dtype: torch.dtype = torch.bfloat16,
-    ) -> torch.Tensor:
-        """x [..., k] bfloat16 → x · Wᵀ (+ bias) [..., n] in out_dtype (bfloat16 or float32),
-        accumulated in float32 and rounded once."""
-        return call_linear(self.lib.radixserve_amx_linear, "amx linear", x, w, bias, out_dtype)
 
 
 class AmxUnavailableError(RuntimeError):

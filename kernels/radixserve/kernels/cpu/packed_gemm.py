@@ -5,8 +5,9 @@ packed once at load that carries its kernel, and one checked call into a library
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
 import torch
 
@@ -28,12 +29,6 @@ def bf16_matrix(weight: torch.Tensor) -> bool:
     )
 
 
-class PackedGemm(Protocol):
-    def linear(
-        self, x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None, out_dtype: torch.dtype
-    ) -> torch.Tensor: ...
-
-
 @dataclass(frozen=True)
 class PackedWeight:
     """A weight [n, k] in a kernel's packed order (`data`, bfloat16), with that kernel."""
@@ -41,7 +36,7 @@ class PackedWeight:
     data: torch.Tensor
     n: int
     k: int
-    kernel: PackedGemm
+    kernel: PackedGemmLibrary
 
     def linear(
         self, x: torch.Tensor, bias: torch.Tensor | None = None,
@@ -49,6 +44,42 @@ class PackedWeight:
     ) -> torch.Tensor:  # fmt: skip
         """x [..., k] → x · Wᵀ (+ bias) through the kernel that packed this weight."""
         return self.kernel.linear(x, self, bias, out_dtype)
+
+
+@dataclass(frozen=True)
+class PackedGemmLibrary:
+    """One kernel's loaded library (argtypes bound), multiplying through its
+    `radixserve_<ENTRY>_linear` entry; each kernel adds its `pack` (its own layout and sizes)."""
+
+    lib: Any
+    ENTRY: ClassVar[str]
+
+    def pack(self, weight: torch.Tensor) -> PackedWeight | None:
+        raise NotImplementedError
+
+    def linear(
+        self,
+        x: torch.Tensor,
+        w: PackedWeight,
+        bias: torch.Tensor | None = None,
+        out_dtype: torch.dtype = torch.bfloat16,
+    ) -> torch.Tensor:
+        """x [..., k] bfloat16 → x · Wᵀ (+ bias) [..., n] in out_dtype (bfloat16 or float32),
+        accumulated in float32 and rounded once."""
+        fn = getattr(self.lib, f"radixserve_{self.ENTRY}_linear")
+        return call_linear(fn, f"{self.ENTRY} linear", x, w, bias, out_dtype)
+
+
+def pack_first(
+    weight: torch.Tensor, kernels: Iterable[PackedGemmLibrary | None]
+) -> tuple[PackedWeight, str] | None:
+    """The weight packed by the first of `kernels` that takes it, with that kernel's ENTRY
+    name ("amx", "rowwise"); None where none does (a None kernel is skipped)."""
+    for kernel in kernels:
+        packed = kernel.pack(weight) if kernel is not None else None
+        if kernel is not None and packed is not None:
+            return packed, kernel.ENTRY
+    return None
 
 
 def call_pack(fn: Any, name: str, weight: torch.Tensor, size: int) -> torch.Tensor:

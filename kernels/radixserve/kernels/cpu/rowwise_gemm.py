@@ -15,7 +15,7 @@ import functools
 import logging
 import subprocess
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -23,9 +23,9 @@ from radixserve.kernels.cpu.build import KERNEL_DIR, NATIVE, bind, open_library
 from radixserve.kernels.cpu.packed_gemm import (
     LINEAR_ARGS,
     PACK_ARGS,
+    PackedGemmLibrary,
     PackedWeight,
     bf16_matrix,
-    call_linear,
     call_pack,
 )
 
@@ -44,10 +44,10 @@ class RowwiseWeight(PackedWeight):
 
 
 @dataclass(frozen=True)
-class RowwiseGemm:
+class RowwiseGemm(PackedGemmLibrary):
     """The library's functions (argtypes/restype set by `build_rowwise_gemm`)."""
 
-    lib: Any
+    ENTRY: ClassVar[str] = "rowwise"
 
     def pack(self, weight: torch.Tensor) -> RowwiseWeight | None:
         """The packed copy of weight [n, k], or None where its dtype or layout is not taken."""
@@ -57,18 +57,6 @@ class RowwiseGemm:
         size = -(-n // _COLS) * _COLS * (-(-k // 2) * 2)
         data = call_pack(self.lib.radixserve_rowwise_pack, "rowwise_pack", weight, size)
         return RowwiseWeight(data, n, k, self)
-
-    def linear(
-        self,
-        x: torch.Tensor,
-        w: PackedWeight,
-        bias: torch.Tensor | None = None,
-        out_dtype: torch.dtype = torch.bfloat16,
-    ) -> torch.Tensor:
-        """x [..., k] bfloat16 → x · Wᵀ (+ bias) [..., n] in out_dtype (bfloat16 or float32),
-        accumulated in float32 in K order and rounded once."""
-        fn = self.lib.radixserve_rowwise_linear
-        return call_linear(fn, "rowwise linear", x, w, bias, out_dtype)
 
 
 def build_rowwise_gemm(arch: tuple[str, ...] = NATIVE) -> RowwiseGemm:
