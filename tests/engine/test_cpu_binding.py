@@ -13,7 +13,7 @@ import pytest
 
 from radixserve.engine.configs.cpu_features import parse_cpu_list
 from radixserve.engine.configs.server_args import ServerArgs
-from radixserve.engine.managers.cpu_binding import cgroup_cpu_limit, cpus_for_process
+from radixserve.engine.scheduler.cpu_binding import cgroup_cpu_limit, cpus_for_process
 from tests.child_env import child_env
 
 

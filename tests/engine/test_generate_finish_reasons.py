@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
+from radixserve.engine.detokenizer.detokenizer_manager import DetokenizerManager
 from radixserve.engine.ipc.finish_reason import (
     FinishAbort,
     FinishLength,
@@ -12,7 +13,6 @@ from radixserve.engine.ipc.finish_reason import (
     FinishMatchedToken,
 )
 from radixserve.engine.ipc.messages import BatchTokenIDOutput, DetokenizerInput, TokenizerInput
-from radixserve.engine.managers.detokenizer_manager import DetokenizerManager
 
 REASONS = [FinishMatchedToken(2), FinishMatchedStr("\n\n"), FinishLength(8), FinishAbort("x", 503)]
 

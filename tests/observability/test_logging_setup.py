@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from radixserve.engine.managers.request_log import FinishedRequest, RequestLogOptions, log_finished
+from radixserve.engine.tokenizer.request_log import FinishedRequest, RequestLogOptions, log_finished
 from radixserve.logging_setup import (
     NO_PROGRESS_ENV,
     REQUEST_ID,

@@ -40,8 +40,8 @@ class EngineSide:
 def engine_side(tokenizer: Any) -> EngineSide:
     from radixserve.engine.entrypoints.request_builder import ServerLimits
     from radixserve.engine.ipc.channels import PortArgs
-    from radixserve.engine.managers.metrics import EngineMetrics
-    from radixserve.engine.managers.tokenizer_manager import TokenizerManager
+    from radixserve.engine.tokenizer.metrics import EngineMetrics
+    from radixserve.engine.tokenizer.tokenizer_manager import TokenizerManager
 
     limits = ServerLimits(8192, 8192, len(tokenizer))
     ports = PortArgs("ipc://unused-1", "ipc://unused-2", "ipc://unused-3")  # never started

@@ -28,9 +28,9 @@ def run_rank(rank: int, port: int, out_dir: str) -> None:
         init_parallel_groups,
     )
     from radixserve.engine.layers.dp_attention import DpAttentionMeta, dp_gather, dp_scatter
-    from radixserve.engine.managers.dp_attention_sync import DpAttentionSync
-    from radixserve.engine.managers.schedule_batch import ScheduleBatch
     from radixserve.engine.model_executor.forward_batch import ForwardMode
+    from radixserve.engine.scheduler.dp_attention_sync import DpAttentionSync
+    from radixserve.engine.scheduler.schedule_batch import ScheduleBatch
 
     spec = RankSpec(rank, WORLD, port, ep_size=2, attn_dp_size=DP)
     groups = init_parallel_groups(spec, torch.device("cpu"))

@@ -102,9 +102,9 @@ class EngineBatch:
     """One batch of requests on an Engine, forwarded as the Scheduler would (no sampling)."""
 
     def __init__(self, engine: Any, prompts: list[list[int]]) -> None:
-        from radixserve.engine.managers.req import Req, StopCriteria
-        from radixserve.engine.managers.schedule_batch import ScheduleBatch
         from radixserve.engine.sampling import SamplingParams
+        from radixserve.engine.scheduler.req import Req, StopCriteria
+        from radixserve.engine.scheduler.schedule_batch import ScheduleBatch
 
         self.engine = engine
         self.reqs = [

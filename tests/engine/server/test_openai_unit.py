@@ -17,7 +17,7 @@ from radixserve.engine.entrypoints.openai_protocol import prompt_list, rename_er
 from radixserve.engine.entrypoints.openai_serving import install_openai_routes
 from radixserve.engine.entrypoints.request_builder import InvalidRequest, ServerLimits
 from radixserve.engine.ipc.finish_reason import FinishAbort, FinishLength, FinishReason
-from radixserve.engine.managers.tokenizer_manager import GenerateChunk, GenerateInput
+from radixserve.engine.tokenizer.io_struct import GenerateChunk, GenerateInput
 
 BOS = 1
 

@@ -86,7 +86,7 @@ class ServerArgs:
     enable_deterministic_inference: bool = False
     # CPU: leave the torch threads to the OS (none), or pin each scheduler process's threads
     # to its share of the allowed CPUs (auto) or to per-process groups "0-3|4-7"
-    # (managers/cpu_binding.py; none is the default: measured no faster in serving here)
+    # (scheduler/cpu_binding.py; none is the default: measured no faster in serving here)
     cpu_bind: str = "none"
     # parallelism: one scheduler process per rank. Without DP attention dp_size independent
     # scheduling groups of tp_size ranks each; with it tp_size ranks in all, whose attention is

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.detokenizer.incremental_detokenizer import DecodeState, decode_finished
 from radixserve.engine.entrypoints.generation import GenerateOutput, native_output
 from radixserve.engine.entrypoints.request_builder import (
     OutputOptions,
@@ -20,10 +21,9 @@ from radixserve.engine.entrypoints.request_builder import (
     native_prompts,
     per_prompt_params,
 )
-from radixserve.engine.managers.incremental_detokenizer import DecodeState, decode_finished
-from radixserve.engine.managers.req import Req
-from radixserve.engine.managers.scheduler_core import SchedulerCore
-from radixserve.engine.managers.tokenizer_manager import GenerateChunk
+from radixserve.engine.scheduler.req import Req
+from radixserve.engine.scheduler.scheduler_core import SchedulerCore
+from radixserve.engine.tokenizer.io_struct import GenerateChunk
 
 
 class EngineCore:

@@ -22,11 +22,8 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from radixserve.engine.ipc.finish_reason import FinishReason
-from radixserve.engine.managers.tokenizer_manager import (
-    GenerateChunk,
-    GenerateInput,
-    TokenizerManager,
-)
+from radixserve.engine.tokenizer.io_struct import GenerateChunk, GenerateInput
+from radixserve.engine.tokenizer.tokenizer_manager import TokenizerManager
 from radixserve.protocol.http_edge import SSE_DONE
 
 T = TypeVar("T")

@@ -46,7 +46,7 @@ from radixserve.engine.entrypoints.request_builder import (
 )
 from radixserve.engine.entrypoints.server_state import ServerState
 from radixserve.engine.ipc.finish_reason import FinishAbort
-from radixserve.engine.managers.tokenizer_manager import GenerateInput
+from radixserve.engine.tokenizer.io_struct import GenerateInput
 from radixserve.protocol.http_api import ENGINE_BODIES, openapi_with_bodies
 from radixserve.protocol.http_edge import error_response, sse_error
 

@@ -45,7 +45,7 @@ def _scheduler_main(
     configure_child_logging(
         args.log_level, f"scheduler-{dp_rank}-tp{rank.tp_rank}", args.log_format
     )
-    from radixserve.engine.managers.scheduler_process import run_scheduler_process
+    from radixserve.engine.scheduler.scheduler_process import run_scheduler_process
 
     run_scheduler_process(args, ports, writer, dp_rank, rank)
 
@@ -54,7 +54,7 @@ def _detokenizer_main(args: ServerArgs, ports: PortArgs, parent: int) -> None:
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_child_logging(args.log_level, "detokenizer", args.log_format)
-    from radixserve.engine.managers.detokenizer_manager import run_detokenizer_process
+    from radixserve.engine.detokenizer.detokenizer_manager import run_detokenizer_process
 
     run_detokenizer_process(args.model_path, ports, args.revision)
 

@@ -27,7 +27,7 @@ from radixserve.engine.entrypoints.request_builder import (
     build_inputs,
 )
 from radixserve.engine.ipc.finish_reason import FinishAbort, FinishLength, FinishReason
-from radixserve.engine.managers.tokenizer_manager import GenerateChunk, GenerateInput
+from radixserve.engine.tokenizer.io_struct import GenerateChunk, GenerateInput
 from radixserve.protocol.http_api import (
     COMPLETION_DEFAULT_MAX_TOKENS,
     MAX_N,

@@ -50,7 +50,7 @@ from radixserve.engine.entrypoints.openai_protocol import (
 )
 from radixserve.engine.entrypoints.request_builder import InvalidRequest, OutputOptions, Prompt
 from radixserve.engine.entrypoints.server_state import ServerState
-from radixserve.engine.managers.tokenizer_manager import GenerateChunk, GenerateInput
+from radixserve.engine.tokenizer.io_struct import GenerateChunk, GenerateInput
 from radixserve.protocol.http_edge import sse_error
 from radixserve.protocol.request_fields import message_dicts
 

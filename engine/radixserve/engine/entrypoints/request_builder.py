@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from radixserve.engine.managers.tokenizer_manager import GenerateInput
 from radixserve.engine.sampling import SamplingParams
+from radixserve.engine.tokenizer.io_struct import GenerateInput
 from radixserve.protocol.http_api import MAX_N, MAX_TOP_LOGPROBS
 from radixserve.protocol.request_fields import is_token_id
 

@@ -31,13 +31,13 @@ from radixserve.engine.entrypoints.request_builder import (
     build_inputs,
 )
 from radixserve.engine.entrypoints.server_state import ServerState
-from radixserve.engine.managers.metrics import EngineMetrics
-from radixserve.engine.managers.request_log import RequestLogOptions
-from radixserve.engine.managers.tokenizer_manager import TokenizerManager
 from radixserve.engine.model_loader import ModelSource, load_model_files, resolve_model
 from radixserve.engine.model_loader.generation_defaults import sampling_defaults
 from radixserve.engine.model_loader.loader import load_tokenizer
 from radixserve.engine.sampling import SamplingParams
+from radixserve.engine.tokenizer.metrics import EngineMetrics
+from radixserve.engine.tokenizer.request_log import RequestLogOptions
+from radixserve.engine.tokenizer.tokenizer_manager import TokenizerManager
 from radixserve.http_protocol import header_timeout_protocol
 from radixserve.logging_setup import status_line
 

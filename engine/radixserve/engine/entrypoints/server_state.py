@@ -8,9 +8,9 @@ from typing import Any
 from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.entrypoints.launch import ChildProcesses
 from radixserve.engine.entrypoints.request_builder import ServerLimits
-from radixserve.engine.managers.kv_event_publisher import port_for_rank
-from radixserve.engine.managers.metrics import EngineMetrics
-from radixserve.engine.managers.tokenizer_manager import TokenizerManager
+from radixserve.engine.scheduler.kv_event_publisher import port_for_rank
+from radixserve.engine.tokenizer.metrics import EngineMetrics
+from radixserve.engine.tokenizer.tokenizer_manager import TokenizerManager
 
 
 @dataclass(slots=True)

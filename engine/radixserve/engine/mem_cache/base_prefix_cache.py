@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 if TYPE_CHECKING:
-    from radixserve.engine.managers.req import Req
+    from radixserve.engine.scheduler.req import Req
 
 
 class MatchResult(NamedTuple):

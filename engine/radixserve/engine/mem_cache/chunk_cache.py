@@ -12,7 +12,7 @@ from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache, Match
 from radixserve.engine.mem_cache.memory_pool import ReqToTokenPool
 
 if TYPE_CHECKING:
-    from radixserve.engine.managers.req import Req
+    from radixserve.engine.scheduler.req import Req
 
 
 class ChunkCache(BasePrefixCache):

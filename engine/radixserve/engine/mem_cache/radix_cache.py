@@ -31,7 +31,7 @@ from radixserve.protocol import AllBlocksCleared, BlockRemoved, BlockStored, KVC
 from radixserve.protocol.block_hash import digest_to_int64, hash_pages
 
 if TYPE_CHECKING:
-    from radixserve.engine.managers.req import Req
+    from radixserve.engine.scheduler.req import Req
 
 
 class RadixCache(BasePrefixCache):

@@ -11,7 +11,7 @@ import torch
 
 from radixserve.engine.distributed import ParallelGroups
 from radixserve.engine.layers.dp_attention import DpAttentionMeta
-from radixserve.engine.managers.schedule_batch import ScheduleBatch
+from radixserve.engine.scheduler.schedule_batch import ScheduleBatch
 
 
 class DpAttentionSync:

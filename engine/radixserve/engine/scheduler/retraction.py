@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from radixserve.engine.managers.req import Req
-from radixserve.engine.managers.schedule_batch import ScheduleBatch
 from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache
+from radixserve.engine.scheduler.req import Req
+from radixserve.engine.scheduler.schedule_batch import ScheduleBatch
 
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14

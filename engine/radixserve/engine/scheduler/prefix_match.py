@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixserve.engine.managers.req import Req
 from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache, PrefixPeek
+from radixserve.engine.scheduler.req import Req
 
 MAX_PIN_CANDIDATES = 64  # waiting requests peeked for a pin per round, in priority order
 

@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixserve.engine.managers.prefill_adder import AddReqResult, PrefillAdder, PrefillBudget
-from radixserve.engine.managers.prefix_match import StepPrefixMatches
-from radixserve.engine.managers.req import Req, StopCriteria
-from radixserve.engine.managers.schedule_policy import SchedulePolicy
 from radixserve.engine.mem_cache.allocator import create_allocator
 from radixserve.engine.mem_cache.memory_pool import ReqToTokenPool
 from radixserve.engine.mem_cache.radix_cache import RadixCache
 from radixserve.engine.mem_cache.tree_node import TreeNode
 from radixserve.engine.sampling import SamplingParams
+from radixserve.engine.scheduler.prefill_adder import AddReqResult, PrefillAdder, PrefillBudget
+from radixserve.engine.scheduler.prefix_match import StepPrefixMatches
+from radixserve.engine.scheduler.req import Req, StopCriteria
+from radixserve.engine.scheduler.schedule_policy import SchedulePolicy
 
 CPU = torch.device("cpu")
 X = list(range(1, 41))  # cached

@@ -13,11 +13,11 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 
-from radixserve.engine.managers.prefix_match import StepPrefixMatches
-from radixserve.engine.managers.req import Req
 from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache
 from radixserve.engine.mem_cache.radix_cache import RadixCache
 from radixserve.engine.mem_cache.tree_node import TreeNode
+from radixserve.engine.scheduler.prefix_match import StepPrefixMatches
+from radixserve.engine.scheduler.req import Req
 
 LPM_FALLBACK_QUEUE_LEN = 128
 IN_BATCH_CHECK_THRESHOLD = 32

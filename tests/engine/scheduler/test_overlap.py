@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixserve.engine.managers.overlap import ForwardWorker, FutureMap
 from radixserve.engine.sampling import SampleOutput
+from radixserve.engine.scheduler.overlap import ForwardWorker, FutureMap
 
 CPU = torch.device("cpu")
 

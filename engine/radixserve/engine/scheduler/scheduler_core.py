@@ -17,14 +17,14 @@ import torch
 from radixserve.engine.configs.server_args import ServerArgs, check_tp_layout
 from radixserve.engine.distributed import ParallelGroups
 from radixserve.engine.ipc.messages import TokenizedGenerateReq
-from radixserve.engine.managers.req import Req, StopCriteria
-from radixserve.engine.managers.scheduler import Scheduler
 from radixserve.engine.model_executor.model_runner import ModelRunner
 from radixserve.engine.model_loader import load_model_files, resolve_model
 from radixserve.engine.model_loader.loader import LoadedModelFiles, load_tokenizer
 from radixserve.engine.model_loader.source import ModelSource
 from radixserve.engine.models.base import CausalLM
 from radixserve.engine.sampling import SamplingParams, make_generator
+from radixserve.engine.scheduler.req import Req, StopCriteria
+from radixserve.engine.scheduler.scheduler import Scheduler
 
 
 def stop_criteria(params: SamplingParams, eos_ids: frozenset[int], tokenizer: Any) -> StopCriteria:

@@ -20,10 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, auto
 
-from radixserve.engine.managers.prefix_match import prefix_match_key
-from radixserve.engine.managers.req import Req
 from radixserve.engine.mem_cache.allocator import BaseTokenAllocator
 from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache, PrefixPeek
+from radixserve.engine.scheduler.prefix_match import prefix_match_key
+from radixserve.engine.scheduler.req import Req
 
 CLIP_MAX_NEW_TOKENS = 4096
 

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 import torch
 
-from radixserve.engine.managers.prefix_match import StepPrefixMatches, WaitingPins
-from radixserve.engine.managers.req import Req, StopCriteria
-from radixserve.engine.managers.schedule_batch import ScheduleBatch
 from radixserve.engine.mem_cache.allocator import create_allocator
 from radixserve.engine.mem_cache.memory_pool import ReqToTokenPool
 from radixserve.engine.mem_cache.radix_cache import RadixCache
 from radixserve.engine.sampling import SamplingParams
+from radixserve.engine.scheduler.prefix_match import StepPrefixMatches, WaitingPins
+from radixserve.engine.scheduler.req import Req, StopCriteria
+from radixserve.engine.scheduler.schedule_batch import ScheduleBatch
 from tests.engine.models.tiny import save_tiny
 
 CPU = torch.device("cpu")

@@ -18,20 +18,20 @@ from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.ipc.finish_reason import FinishAbort
 from radixserve.engine.ipc.messages import LoadOutput, StateOutput
 from radixserve.engine.layers.dp_attention import DpAttentionMeta
-from radixserve.engine.managers.dp_attention_sync import DpAttentionSync
-from radixserve.engine.managers.overlap import ForwardWorker, FutureMap, InflightBatch
-from radixserve.engine.managers.prefill_adder import AddReqResult, PrefillAdder, PrefillBudget
-from radixserve.engine.managers.prefix_match import StepPrefixMatches, WaitingPins
-from radixserve.engine.managers.req import Req, TailDecoder
-from radixserve.engine.managers.retraction import NewTokenRatio, retract_decode
-from radixserve.engine.managers.schedule_batch import KVContext, ScheduleBatch
-from radixserve.engine.managers.schedule_policy import SchedulePolicy
 from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache
 from radixserve.engine.mem_cache.chunk_cache import ChunkCache
 from radixserve.engine.mem_cache.radix_cache import RadixCache
 from radixserve.engine.model_executor.forward_batch import ForwardMode
 from radixserve.engine.model_executor.model_runner import ModelRunner
 from radixserve.engine.sampling import SampleOutput, Sampler, SamplingBatchInfo
+from radixserve.engine.scheduler.dp_attention_sync import DpAttentionSync
+from radixserve.engine.scheduler.overlap import ForwardWorker, FutureMap, InflightBatch
+from radixserve.engine.scheduler.prefill_adder import AddReqResult, PrefillAdder, PrefillBudget
+from radixserve.engine.scheduler.prefix_match import StepPrefixMatches, WaitingPins
+from radixserve.engine.scheduler.req import Req, TailDecoder
+from radixserve.engine.scheduler.retraction import NewTokenRatio, retract_decode
+from radixserve.engine.scheduler.schedule_batch import KVContext, ScheduleBatch
+from radixserve.engine.scheduler.schedule_policy import SchedulePolicy
 
 logger = logging.getLogger(__name__)
 

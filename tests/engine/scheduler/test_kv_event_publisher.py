@@ -9,7 +9,7 @@ import msgspec
 import pytest
 import zmq
 
-from radixserve.engine.managers.kv_event_publisher import ZmqKVEventPublisher
+from radixserve.engine.scheduler.kv_event_publisher import ZmqKVEventPublisher
 from radixserve.protocol import AllBlocksCleared, BlockRemoved, BlockStored
 from radixserve.protocol.kv_events import decode_batch, seq_from_bytes, seq_to_bytes
 from tests.ports import bind_retrying

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import torch
 
-from radixserve.engine.managers.prefill_adder import (
+from radixserve.engine.mem_cache.allocator import BaseTokenAllocator, create_allocator
+from radixserve.engine.mem_cache.chunk_cache import ChunkCache
+from radixserve.engine.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from radixserve.engine.sampling import SamplingParams
+from radixserve.engine.scheduler.prefill_adder import (
     CLIP_MAX_NEW_TOKENS,
     AddReqResult,
     PrefillAdder,
     PrefillBudget,
 )
-from radixserve.engine.managers.req import Req, StopCriteria
-from radixserve.engine.managers.schedule_batch import KVContext, ScheduleBatch
-from radixserve.engine.mem_cache.allocator import BaseTokenAllocator, create_allocator
-from radixserve.engine.mem_cache.chunk_cache import ChunkCache
-from radixserve.engine.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-from radixserve.engine.sampling import SamplingParams
+from radixserve.engine.scheduler.req import Req, StopCriteria
+from radixserve.engine.scheduler.schedule_batch import KVContext, ScheduleBatch
 
 CPU = torch.device("cpu")
 

@@ -41,11 +41,11 @@ from radixserve.engine.ipc.messages import (
     SchedulerInput,
     TokenizedGenerateReq,
 )
-from radixserve.engine.managers.cpu_binding import bind_process_threads
-from radixserve.engine.managers.kv_event_publisher import ZmqKVEventPublisher
-from radixserve.engine.managers.req import Req
-from radixserve.engine.managers.scheduler_core import SchedulerCore
-from radixserve.engine.managers.tp_broadcast import (
+from radixserve.engine.scheduler.cpu_binding import bind_process_threads
+from radixserve.engine.scheduler.kv_event_publisher import ZmqKVEventPublisher
+from radixserve.engine.scheduler.req import Req
+from radixserve.engine.scheduler.scheduler_core import SchedulerCore
+from radixserve.engine.scheduler.tp_broadcast import (
     BroadcastSource,
     ChannelSource,
     DiscardSender,

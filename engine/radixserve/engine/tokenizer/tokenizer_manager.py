@@ -16,17 +16,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import zmq.asyncio
 
 from radixserve.engine.ipc.channels import AsyncPullChannel, PortArgs
-from radixserve.engine.ipc.finish_reason import FinishAbort, FinishReason
+from radixserve.engine.ipc.finish_reason import FinishAbort
 from radixserve.engine.ipc.messages import (
     AbortReq,
     BatchStrOutput,
@@ -36,70 +35,22 @@ from radixserve.engine.ipc.messages import (
     GetStateReq,
     LoadOutput,
     StateOutput,
-    TokenizedGenerateReq,
     TokenizerInput,
 )
-from radixserve.engine.managers.data_parallel_controller import DataParallelController
-from radixserve.engine.managers.metrics import EngineMetrics, FinishedCounts
-from radixserve.engine.managers.request_log import (
+from radixserve.engine.tokenizer.data_parallel_controller import DataParallelController
+from radixserve.engine.tokenizer.io_struct import GenerateChunk, GenerateInput, OutputLoopDied
+from radixserve.engine.tokenizer.metrics import EngineMetrics, FinishedCounts
+from radixserve.engine.tokenizer.request_log import (
     FinishedRequest,
     RequestLogOptions,
     log_finished,
     show_request_lines,
 )
-from radixserve.engine.sampling import SamplingParams
 from radixserve.logging_setup import REQUEST_ID
 
 logger = logging.getLogger(__name__)
 
 CONTROL_TIMEOUT_S = 30.0
-
-
-class OutputLoopDied(RuntimeError):
-    """The output loop crashed: no output can reach this request any more."""
-
-
-@dataclass(slots=True)
-class GenerateInput:
-    """One validated prompt (n > 1 already expanded into n inputs; params normalised)."""
-
-    input_ids: list[int]
-    sampling_params: SamplingParams
-    text: str | None = None
-    stream: bool = False
-    return_logprob: bool = False
-    top_logprobs_num: int = 0
-    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
-    data_parallel_rank: int | None = None  # pinned DP rank (validated at the edge)
-
-    def tokenized(self) -> TokenizedGenerateReq:
-        """The scheduler's message for this input."""
-        return TokenizedGenerateReq(
-            rid=self.rid,
-            input_ids=self.input_ids,
-            sampling_params=msgspec.to_builtins(self.sampling_params),
-            input_text=self.text,
-            return_logprob=self.return_logprob,
-            top_logprobs_num=self.top_logprobs_num,
-            stream=self.stream,
-            data_parallel_rank=self.data_parallel_rank,
-        )
-
-
-class GenerateChunk(msgspec.Struct, frozen=True):
-    """What one output batch brought to one request: deltas plus its running counts."""
-
-    rid: str
-    text_delta: str
-    output_ids: list[int]  # the new ids only
-    finish_reason: FinishReason | None
-    prompt_tokens: int
-    completion_tokens: int  # all generated so far
-    cached_tokens: int
-    total_retractions: int
-    token_logprobs: list[float] = []  # aligned with output_ids
-    top_logprobs: list[list[tuple[float, int]]] = []
-    e2e_latency: float | None = None  # set on the final chunk
 
 
 @dataclass(slots=True)

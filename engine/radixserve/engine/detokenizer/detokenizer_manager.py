@@ -12,13 +12,16 @@ from typing import Any
 
 import zmq
 
+from radixserve.engine.detokenizer.incremental_detokenizer import (
+    DecodeState,
+    IncrementalDetokenizer,
+)
 from radixserve.engine.ipc.channels import PortArgs, PullChannel, PushChannel
 from radixserve.engine.ipc.messages import (
     BatchStrOutput,
     BatchTokenIDOutput,
     DetokenizerInput,
 )
-from radixserve.engine.managers.incremental_detokenizer import DecodeState, IncrementalDetokenizer
 
 logger = logging.getLogger(__name__)
 

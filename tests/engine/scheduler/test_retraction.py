@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixserve.engine.managers.req import Req, StopCriteria
-from radixserve.engine.managers.retraction import (
-    RETRACT_DECODE_STEPS,
-    NewTokenRatio,
-    retract_decode,
-)
-from radixserve.engine.managers.schedule_batch import KVContext, ScheduleBatch
 from radixserve.engine.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.engine.mem_cache.chunk_cache import ChunkCache
 from radixserve.engine.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from radixserve.engine.sampling import SamplingParams
+from radixserve.engine.scheduler.req import Req, StopCriteria
+from radixserve.engine.scheduler.retraction import (
+    RETRACT_DECODE_STEPS,
+    NewTokenRatio,
+    retract_decode,
+)
+from radixserve.engine.scheduler.schedule_batch import KVContext, ScheduleBatch
 
 CPU = torch.device("cpu")
 POOL = 512

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from radixserve.engine.managers.req import Req
-from radixserve.engine.managers.schedule_batch import ScheduleBatch
 from radixserve.engine.sampling import SampleOutput
+from radixserve.engine.scheduler.req import Req
+from radixserve.engine.scheduler.schedule_batch import ScheduleBatch
 
 ForwardFn = Callable[[torch.Tensor], SampleOutput]  # resolved input ids → sampled output
 STOP_TIMEOUT_S = 60.0  # longer than any forward; a stuck one is logged, not waited on forever

@@ -1,0 +1,1 @@
+"""The detokenizer process: incremental detokenization of each request's token stream."""

@@ -1,1 +1,0 @@
-"""Process owners and the scheduler's CPU-side data: Req, ScheduleBatch, Scheduler."""

@@ -1,0 +1,2 @@
+"""The scheduler process: Req, ScheduleBatch, the batching policy and the Scheduler loop
+that drives the model."""
