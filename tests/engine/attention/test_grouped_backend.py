@@ -11,6 +11,7 @@ PyTorch path alone (the fallback where no compiler is).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import shutil
 from dataclasses import dataclass
@@ -109,9 +110,9 @@ def run_both(
     q, k, v = qkv.split([hq, hkv, hkv], dim=-1)
     outs = []
     for backend in (create_attention_backend("torch"), grouped_variant(fast)):
-        fb.attn_backend = backend
-        backend.init_forward_metadata(fb)
-        outs.append(backend.forward(q, k, v, layer, fb).float())
+        run = dataclasses.replace(fb, attn_backend=backend)  # ForwardBatch is frozen
+        backend.init_forward_metadata(run)
+        outs.append(backend.forward(q, k, v, layer, run).float())
     return outs[0], outs[1]
 
 

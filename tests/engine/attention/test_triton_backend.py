@@ -12,6 +12,7 @@ one). The same test runs compiled on a GPU (`gpu` case).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -153,9 +154,9 @@ def test_mixed_forward_matches_the_reference(page_size: int) -> None:
     outs = []
     for name in ("torch", "triton"):
         backend = create_attention_backend(name)
-        fb.attn_backend = backend
-        backend.init_forward_metadata(fb)
-        outs.append(backend.forward(q, k, v, layer, fb))
+        run = dataclasses.replace(fb, attn_backend=backend)  # ForwardBatch is frozen
+        backend.init_forward_metadata(run)
+        outs.append(backend.forward(q, k, v, layer, run))
     atol, rtol = TOLERANCE[torch.float32]
     torch.testing.assert_close(outs[1], outs[0], atol=atol, rtol=rtol)
 

@@ -71,7 +71,7 @@ def test_overlap_loop_on_cuda_matches_the_plain_loop(tmp_path: Path) -> None:
     engine = EngineCore(model_path=str(tmp_path), device="cuda", max_total_tokens=4096)
     plain = engine.with_args(disable_overlap_schedule=True)
     try:
-        assert engine.scheduler.worker is not None  # the overlapped loop
+        assert engine.scheduler.overlap_thread is not None  # the overlapped loop
         assert engine.scheduler.future_map.buf.device.type == "cuda"
         got = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=params)]
         ref = [o["output_ids"] for o in plain.generate(input_ids=prompts, sampling_params=params)]

@@ -35,7 +35,9 @@ class ForwardMode(Enum):
         return self is ForwardMode.IDLE
 
 
-@dataclass(slots=True)
+# Frozen: built once per batch by the scheduler, then only read (the overlap thread runs the
+# forward while the scheduler builds the next batch; a copy carries resolved input ids).
+@dataclass(frozen=True, slots=True)
 class ForwardBatch:
     forward_mode: ForwardMode
     batch_size: int

@@ -20,6 +20,7 @@ from radixserve.engine.scheduler.req import Req
 
 if TYPE_CHECKING:
     from radixserve.engine.attention.base import AttentionBackend
+    from radixserve.engine.layers.dp_attention import DpAttentionMeta
 
 
 class OutOfKVMemoryError(RuntimeError):
@@ -150,7 +151,10 @@ class ScheduleBatch:
         self.reqs = self.reqs + other.reqs
 
     def to_forward_batch(
-        self, device: torch.device, attn_backend: AttentionBackend
+        self,
+        device: torch.device,
+        attn_backend: AttentionBackend,
+        dp_meta: DpAttentionMeta | None = None,
     ) -> ForwardBatch:
         def t(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=device)
@@ -174,6 +178,7 @@ class ScheduleBatch:
             token_to_kv_pool=self.kv.token_to_kv_pool,
             attn_backend=attn_backend,
             kv_rows=kv_rows,
+            dp_meta=dp_meta,
             extend_completes_cpu=[
                 n >= len(r.origin_input_ids) + len(r.output_ids)
                 for r, n in zip(self.reqs, self.seq_lens, strict=True)

@@ -1,9 +1,10 @@
 """Scheduler: continuous batching over one ModelRunner (the loop of one rank).
 
 Each `step()`: finish bookkeeping of the last prefill (merge it into the running batch),
-try a new prefill batch (prefill has priority), otherwise run one decode step, then sample
-and process results. Memory pressure during decode retracts requests back to the queue.
-It is driven in-process by the offline Engine or by the scheduler process loop.
+try a new prefill batch (prefill has priority), otherwise run one decode step, hand it to
+the ModelWorker (forward + sampling) and process results. Memory pressure during decode
+retracts requests back to the queue. It is driven in-process by the offline Engine or by
+the scheduler process loop.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-
-import torch
+from functools import partial
 
 from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.ipc.finish_reason import FinishAbort
@@ -23,7 +23,8 @@ from radixserve.engine.mem_cache.chunk_cache import ChunkCache
 from radixserve.engine.mem_cache.radix_cache import RadixCache
 from radixserve.engine.model_executor.forward_batch import ForwardMode
 from radixserve.engine.model_executor.model_runner import ModelRunner
-from radixserve.engine.sampling import SampleOutput, Sampler, SamplingBatchInfo
+from radixserve.engine.model_executor.model_worker import GenerationBatch, ModelWorker
+from radixserve.engine.sampling import SamplingBatchInfo
 from radixserve.engine.scheduler.dp_attention_sync import DpAttentionSync
 from radixserve.engine.scheduler.overlap import ForwardWorker, FutureMap, InflightBatch
 from radixserve.engine.scheduler.prefill_adder import AddReqResult, PrefillAdder, PrefillBudget
@@ -60,11 +61,11 @@ class Scheduler:
         self.policy = SchedulePolicy(args.schedule_policy, tree_cache, args.random_seed)
         pin_cap = int(self.max_total_tokens * args.waiting_prefix_pin_fraction)
         self.pins = WaitingPins(tree_cache, pin_cap)
-        self.sampler = Sampler()
+        self.model_worker = ModelWorker(runner)
         self.total_retractions = 0
         self.inflight: deque[InflightBatch] = deque()
         self.future_map = FutureMap(4 * (self.max_running_requests + 8), runner.device)
-        self.worker = ForwardWorker(self.future_map) if args.overlap_schedule else None
+        self.overlap_thread = ForwardWorker(self.future_map) if args.overlap_schedule else None
         # DP attention: every step agrees token counts with the other DP ranks (collective)
         self.dp_sync = DpAttentionSync(runner.groups) if runner.groups.dp_attention else None
 
@@ -267,7 +268,9 @@ class Scheduler:
             self.inflight.append(self._launch(batch, dp_meta))
         elif dp_meta is not None:
             self._run_idle(dp_meta)
-        while self.inflight and (self.worker is None or len(self.inflight) > 1 or batch is None):
+        while self.inflight and (
+            self.overlap_thread is None or len(self.inflight) > 1 or batch is None
+        ):
             updated += self._process_oldest()
         if batch is None and not self.inflight:
             self.ratio.reset()
@@ -276,9 +279,10 @@ class Scheduler:
     def _run_idle(self, dp_meta: DpAttentionMeta) -> None:
         """DP attention: no batch here but another DP rank has one; join its collectives."""
         idle = ScheduleBatch([], self.kv, forward_mode=ForwardMode.IDLE)
-        fb = idle.to_forward_batch(self.runner.device, self.runner.attn_backend)
-        fb.dp_meta = dp_meta
-        self.runner.forward(fb)
+        runner = self.runner
+        self.model_worker.forward_idle(
+            idle.to_forward_batch(runner.device, runner.attn_backend, dp_meta)
+        )
 
     def _launch(
         self, batch: ScheduleBatch, dp_meta: DpAttentionMeta | None = None
@@ -293,29 +297,30 @@ class Scheduler:
             if sample:
                 req.num_inflight += 1
                 req.pending_token = -slot
-        fb = batch.to_forward_batch(self.runner.device, self.runner.attn_backend)
-        fb.dp_meta = dp_meta
-        info = SamplingBatchInfo.build(
-            [r.sampling_row() for r in batch.reqs],
-            self.runner.model_config.vocab_size,
-            self.runner.device,
-        )
-        nums = [r.top_logprobs_num for r in batch.reqs]
-
-        def forward(input_ids: torch.Tensor) -> SampleOutput:
-            fb.input_ids = input_ids
-            logits = self.runner.forward(fb).next_token_logits
-            out = self.sampler.sample(logits, info, nums if any(nums) else None)
-            self.runner.sync_sampled(out.next_token_ids)
-            return out
-
-        if self.worker is None:
-            out = forward(self.future_map.resolve(fb.input_ids))
+        work = self._generation_batch(batch, dp_meta)
+        run = partial(self.model_worker.forward_batch_generation, work)
+        input_ids = work.forward_batch.input_ids  # decode inputs: placeholders until resolved
+        if self.overlap_thread is None:
+            out = run(self.future_map.resolve(input_ids))
             self.future_map.store(slots, out.next_token_ids)
             rec.result.set_result(out)
         else:
-            self.worker.submit(forward, fb.input_ids, slots, rec.result)
+            self.overlap_thread.submit(run, input_ids, slots, rec.result)
         return rec
+
+    def _generation_batch(
+        self, batch: ScheduleBatch, dp_meta: DpAttentionMeta | None
+    ) -> GenerationBatch:
+        runner = self.runner
+        info = SamplingBatchInfo.build(
+            [r.sampling_row() for r in batch.reqs], runner.model_config.vocab_size, runner.device
+        )
+        nums = [r.top_logprobs_num for r in batch.reqs]
+        return GenerationBatch(
+            batch.to_forward_batch(runner.device, runner.attn_backend, dp_meta),
+            info,
+            nums if any(nums) else None,
+        )
 
     def _process_oldest(self) -> list[Req]:
         rec = self.inflight.popleft()
@@ -346,9 +351,9 @@ class Scheduler:
 
     def close(self) -> None:
         """Stop the forward worker; drop queues and pool references."""
-        if self.worker is not None:
-            self.worker.stop()
-            self.worker = None
+        if self.overlap_thread is not None:
+            self.overlap_thread.stop()
+            self.overlap_thread = None
         self.pins.release_all()
         self.waiting_queue.clear()
         self.inflight.clear()

@@ -1,0 +1,56 @@
+"""ModelWorker: one batch through the model and the sampler (SGLang's TpModelWorker role).
+
+The scheduler decides what runs; the worker runs it. It owns the Sampler and the agreement of
+sampled ids across attention-TP ranks, so the scheduler never sees logits. A GenerationBatch
+is built once and not changed after: under overlap scheduling the decode inputs are only
+known when the forward starts, so the worker is handed them then and runs on a copy of the
+ForwardBatch that carries them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from radixserve.engine.sampling import SampleOutput, Sampler, SamplingBatchInfo
+
+if TYPE_CHECKING:
+    import torch
+
+    from radixserve.engine.model_executor.forward_batch import ForwardBatch
+    from radixserve.engine.model_executor.model_runner import ModelRunner
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationBatch:
+    """What one forward-and-sample needs (SGLang's ModelWorkerBatch)."""
+
+    forward_batch: ForwardBatch
+    sampling_info: SamplingBatchInfo
+    top_logprobs_nums: list[int] | None  # per row; None when no row asks for any
+
+
+class ModelWorker:
+    """Runs GenerationBatches on one ModelRunner; called from one thread at a time."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.sampler = Sampler()
+
+    def forward_batch_generation(
+        self, batch: GenerationBatch, input_ids: torch.Tensor | None = None
+    ) -> SampleOutput:
+        """Forward, sample and agree the sampled ids across attention-TP ranks.
+
+        `input_ids`, when given, replace the batch's (overlap: placeholders resolved)."""
+        fb = batch.forward_batch
+        if input_ids is not None:
+            fb = replace(fb, input_ids=input_ids)
+        logits = self.runner.forward(fb).next_token_logits
+        out = self.sampler.sample(logits, batch.sampling_info, batch.top_logprobs_nums)
+        self.runner.sync_sampled(out.next_token_ids)
+        return out
+
+    def forward_idle(self, forward_batch: ForwardBatch) -> None:
+        """DP attention: join the other DP ranks' collectives with nothing to compute."""
+        self.runner.forward(forward_batch)
