@@ -18,8 +18,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from radixserve.protocol.http_edge import bearer_matches, error_response, read_json_body
+from radixserve.router.addresses import KVEndpoint, normalize_url
 from radixserve.router.engine_api import split_engine_api
-from radixserve.router.targets import KVEndpoint, normalize_url
 
 
 def _denied(request: Request) -> Response | None:

@@ -37,15 +37,15 @@ class RouterConfig:
     balance_rel_threshold: float = 1.5
     # cache_aware's load: requests + queued uncached prompt tokens / this many tokens
     load_tokens_per_request: int = 512
-    # in-flight overlay: a routed prompt counts as arriving on its target until its events
-    # store it or the request ends; at most this long, and this many tokens per target
+    # in-flight overlay: a routed prompt counts as arriving on its rank until its events
+    # store it or the request ends; at most this long, and this many tokens per rank
     inflight_ttl_s: float = 60.0
     inflight_max_tokens: int = 1 << 22
-    # cost: uncached prompt tokens + cost_queue_weight × tokens queued on the target
+    # cost: uncached prompt tokens + cost_queue_weight × tokens queued on the rank
     cost_queue_weight: float = 1.0
-    # header whose value pins a session to one target (sticky sessions); None: off
+    # header whose value pins a session to one rank (sticky sessions); None: off
     session_header: str | None = None
-    # approximate trees (targets without KV events): per-target token budget, LRU-trimmed
+    # approximate trees (ranks without KV events): per-rank token budget, LRU-trimmed
     approx_max_tokens: int = 1 << 22
     # limits under abuse (None: $RADIXSERVE_MAX_REQUEST_BODY_BYTES / $RADIXSERVE_HEADER_TIMEOUT_S,
     # else 32 MiB / 30 s, as the engine): a larger body is a 413; a connection whose request
@@ -125,7 +125,9 @@ _HELP = MappingProxyType(
             "how workers describe themselves: auto (SGLang /server_info, else vLLM's /v1/models,"
             " /kv_event_sources, /metrics), sglang or vllm; per worker: vllm+http://host:port"
         ),
-        "session_header": "request header that pins a session to one replica (sticky sessions)",
+        "session_header": (
+            "request header that pins a session to one worker DP rank (sticky sessions)"
+        ),
         "api_key": "bearer key clients must send (all but /health, /readiness and the admin API)",
         "admin_key": "bearer key that opens GET/POST/DELETE /workers",
         "worker_api_key": "bearer key the router sends to the engines",
@@ -135,7 +137,7 @@ _HELP = MappingProxyType(
             "cache_aware: queued uncached prompt tokens that weigh as much as one request"
         ),
         "inflight_ttl_s": "longest a routed prompt counts as arriving without its KV events",
-        "inflight_max_tokens": "per-target token budget of the in-flight overlay",
+        "inflight_max_tokens": "per-rank token budget of the in-flight overlay",
         "max_request_body_bytes": "a larger request body is a 413 (default 32 MiB)",
         "header_timeout_s": "close a connection whose request headers take longer (default 30)",
         "host": "address the router binds",
@@ -150,7 +152,7 @@ _HELP = MappingProxyType(
         ),
         "balance_rel_threshold": "cache_aware: ... and when max exceeds min times this",
         "cost_queue_weight": "cost: uncached prompt tokens + this x the tokens queued there",
-        "approx_max_tokens": "per-replica token budget of the trees of replicas without KV events",
+        "approx_max_tokens": "per-rank token budget of the trees of workers without KV events",
         "health_check_interval_s": "seconds between health checks of each replica",
         "health_check_timeout_s": "a health check slower than this fails",
         "health_failure_threshold": "consecutive failed checks that take a replica out",

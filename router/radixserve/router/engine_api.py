@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from radixserve.router.addresses import KVEndpoint
 from radixserve.router.config import ENGINE_APIS
-from radixserve.router.targets import KVEndpoint
 
 VLLM_DEFAULT_BLOCK_SIZE = 16  # vLLM's default when /metrics does not say
 

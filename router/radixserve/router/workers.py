@@ -4,7 +4,7 @@ A worker is added by URL (static list, admin API or Kubernetes discovery) and st
 until its engine's API says what it is (`engine_api`: SGLang's `/server_info`, or vLLM's
 `/v1/models` + `/kv_event_sources` + `/metrics`): page size, DP size and KV-event endpoints.
 Why a worker is not usable yet is logged once per change of reason.
-Only a healthy worker has targets in the cache index; when it turns unhealthy its mirrors
+Only a healthy worker has ranks in the cache index; when it turns unhealthy its mirrors
 are dropped, and they are rebuilt from a replay when it comes back (a restarted engine starts
 again at seq 0 with AllBlocksCleared, so nothing stale survives).
 
@@ -24,17 +24,17 @@ from typing import Any
 
 import httpx
 
+from radixserve.router.addresses import KVEndpoint, RankKey, normalize_url
 from radixserve.router.circuit_breaker import CircuitBreaker
 from radixserve.router.config import RouterConfig
 from radixserve.router.engine_api import NotReady, engine_loads, probe_engine, split_engine_api
 from radixserve.router.mirror.index import CacheIndex
-from radixserve.router.targets import KVEndpoint, TargetKey, normalize_url
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class TargetLoad:
+class RankLoad:
     """Load of one (worker, dp_rank): the router's own in-flight work plus the engine's report."""
 
     in_flight: int = 0
@@ -64,13 +64,13 @@ class Worker:
     dp_size: int = 1
     kv_endpoints: tuple[KVEndpoint, ...] = ()
     max_total_tokens: tuple[int, ...] = ()  # KV pool per DP rank, () when the engine says not
-    loads: dict[int, TargetLoad] = field(default_factory=dict)
+    loads: dict[int, RankLoad] = field(default_factory=dict)
     health_successes: int = 0
     health_failures: int = 0
     engine_api: str = "auto"  # "sglang" | "vllm" once probed (see engine_api)
     not_ready: str | None = None  # the last reason logged for not being usable yet
 
-    def targets(self) -> list[TargetKey]:
+    def rank_keys(self) -> list[RankKey]:
         return [(self.url, rank) for rank in range(self.dp_size)]
 
     def available(self) -> bool:
@@ -81,8 +81,8 @@ class Worker:
         sizes = self.max_total_tokens
         return sizes[rank] if 0 <= rank < len(sizes) else 0
 
-    def load_of(self, rank: int) -> TargetLoad:
-        return self.loads.setdefault(rank, TargetLoad())
+    def load_of(self, rank: int) -> RankLoad:
+        return self.loads.setdefault(rank, RankLoad())
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -145,7 +145,7 @@ class WorkerRegistry:
         worker = self.workers.pop(normalize_url(url), None)
         if worker is None:
             raise KeyError(url)
-        await self._drop_targets(worker)
+        await self._drop_ranks(worker)
         logger.info("worker removed url=%s", worker.url)
         return worker
 
@@ -209,14 +209,14 @@ class WorkerRegistry:
                 self._not_ready(worker, str(exc) or type(exc).__name__)
                 return
             by_rank = {e.dp_rank: e for e in worker.kv_endpoints}
-            for key in worker.targets():
-                self.index.add_target(
+            for key in worker.rank_keys():
+                self.index.add_rank(
                     key, worker.page_size, by_rank.get(key[1]), worker.capacity_of(key[1])
                 )
             # Route only once the mirrors hold what the replica caches now (a router that
             # restarts beside warm replicas); bounded, as a replay that never answers is one.
             wait = self.index.replay_timeout_s + 1
-            if not await self.index.wait_synced(worker.targets(), wait):
+            if not await self.index.wait_synced(worker.rank_keys(), wait):
                 logger.warning("worker %s: KV-event replay not done after %.0fs", worker.url, wait)
             worker.healthy = worker.ever_healthy = True
             worker.not_ready = None
@@ -232,12 +232,12 @@ class WorkerRegistry:
                 return
             worker.healthy = False
             worker.health_successes = 0
-            await self._drop_targets(worker)
+            await self._drop_ranks(worker)
             logger.warning("worker unhealthy url=%s reason=%s", worker.url, reason)
 
-    async def _drop_targets(self, worker: Worker) -> None:
-        for key in worker.targets():
-            await self.index.remove_target(key)
+    async def _drop_ranks(self, worker: Worker) -> None:
+        for key in worker.rank_keys():
+            await self.index.remove_rank(key)
 
     async def check_all(self) -> None:
         await asyncio.gather(*(self.check(w) for w in list(self.workers.values())))
