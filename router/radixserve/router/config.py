@@ -70,7 +70,7 @@ class RouterConfig:
     request_timeout_s: float = 1800.0
     # bearer keys, never in repr (or logs); each also read from $RADIXSERVE_ROUTER_<FIELD>:
     # api_key: what clients must send (None: open); admin_key: opens GET/POST/DELETE /workers
-    # (None: the admin API is closed); worker_api_key: what the router sends to the engines
+    # (None: the admin API is closed); worker_api_key: what the router sends to the workers
     api_key: str | None = field(default=None, repr=False)
     admin_key: str | None = field(default=None, repr=False)
     worker_api_key: str | None = field(default=None, repr=False)
@@ -117,9 +117,7 @@ class RouterConfig:
 
 _HELP = MappingProxyType(
     {
-        "worker_urls": (
-            "engine replicas, e.g. http://127.0.0.1:30000 (repeatable / space-separated)"
-        ),
+        "worker_urls": "worker URLs, e.g. http://127.0.0.1:30000 (repeatable / space-separated)",
         "policy": "routing policy",
         "engine_api": (
             "how workers describe themselves: auto (SGLang /server_info, else vLLM's /v1/models,"
@@ -130,9 +128,9 @@ _HELP = MappingProxyType(
         ),
         "api_key": "bearer key clients must send (all but /health, /readiness and the admin API)",
         "admin_key": "bearer key that opens GET/POST/DELETE /workers",
-        "worker_api_key": "bearer key the router sends to the engines",
-        "k8s_service": "discover engines from the EndpointSlices of this Service",
-        "tokenizer_path": "local tokenizer.json (default: fetched from a replica)",
+        "worker_api_key": "bearer key the router sends to the workers",
+        "k8s_service": "discover workers from the EndpointSlices of this Service",
+        "tokenizer_path": "local tokenizer.json (default: fetched from a worker)",
         "load_tokens_per_request": (
             "cache_aware: queued uncached prompt tokens that weigh as much as one request"
         ),
@@ -148,28 +146,28 @@ _HELP = MappingProxyType(
         ),
         "balance_abs_threshold": (
             "cache_aware: the load is imbalanced when max - min exceeds this (and the relative "
-            "threshold): then the least-loaded replica gets the request"
+            "threshold): then the least-loaded rank gets the request"
         ),
         "balance_rel_threshold": "cache_aware: ... and when max exceeds min times this",
         "cost_queue_weight": "cost: uncached prompt tokens + this x the tokens queued there",
         "approx_max_tokens": "per-rank token budget of the trees of workers without KV events",
-        "health_check_interval_s": "seconds between health checks of each replica",
+        "health_check_interval_s": "seconds between health checks of each worker",
         "health_check_timeout_s": "a health check slower than this fails",
-        "health_failure_threshold": "consecutive failed checks that take a replica out",
+        "health_failure_threshold": "consecutive failed checks that take a worker out",
         "health_success_threshold": "consecutive passed checks that bring it back",
-        "load_check_interval_s": "seconds between polls of each replica's load",
+        "load_check_interval_s": "seconds between polls of each worker's load",
         "cb_failure_threshold": "circuit breaker: consecutive failed requests that open it",
         "cb_success_threshold": "circuit breaker: consecutive successes that close it again",
         "cb_timeout_s": "circuit breaker: seconds open before one probe request may go through",
-        "disable_circuit_breaker": "never take a replica out for failed requests",
+        "disable_circuit_breaker": "never take a worker out for failed requests",
         "retry_max_attempts": "tries per request, retried only before the first byte is sent",
         "retry_initial_backoff_s": "the first retry's backoff (x1.5 per retry after)",
         "retry_max_backoff_s": "the longest backoff between retries",
-        "connect_timeout_s": "connecting to a replica slower than this fails",
+        "connect_timeout_s": "connecting to a worker slower than this fails",
         "request_timeout_s": "a proxied request slower than this fails",
         "k8s_namespace": "namespace of --k8s-service (default: the pod's own, else default)",
-        "k8s_http_port_name": "EndpointSlice port name of the engines' HTTP port",
-        "k8s_kv_events_port_name": "EndpointSlice port name of the engines' KV-event port",
+        "k8s_http_port_name": "EndpointSlice port name of the workers' HTTP port",
+        "k8s_kv_events_port_name": "EndpointSlice port name of the workers' KV-event port",
     }
 )
 

@@ -51,7 +51,7 @@ Slice = Mapping[str, Any]
 
 @dataclass(frozen=True)
 class DesiredWorker:
-    """One engine replica as its EndpointSlice describes it."""
+    """One worker as its EndpointSlice describes it."""
 
     url: str
     kv_override: tuple[KVEndpoint, ...] | None = None

@@ -1,4 +1,4 @@
-"""The router's view of its engine replicas: registration, health, load, circuit breakers.
+"""The router's view of its workers: registration, health, load, circuit breakers.
 
 A worker is added by URL (static list, admin API or Kubernetes discovery) and stays *pending*
 until its engine's API says what it is (`engine_api`: SGLang's `/server_info`, or vLLM's
@@ -11,7 +11,7 @@ again at seq 0 with AllBlocksCleared, so nothing stale survives).
 Health: active checks (`GET /health` every interval; unhealthy after N failures, healthy after
 M successes, or after the first success for a worker never seen healthy) plus a passive rule:
 a refused connection while proxying marks the worker unhealthy at once, so requests stop
-going to a dead replica before the next check.
+going to a dead worker before the next check.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class RankLoad:
-    """Load of one (worker, dp_rank): the router's own in-flight work plus the engine's report."""
+    """Load of one (worker, dp_rank): the router's own in-flight work plus the worker's report."""
 
     in_flight: int = 0
     in_flight_tokens: int = 0  # uncached prompt tokens of the in-flight requests
@@ -63,7 +63,7 @@ class Worker:
     page_size: int = 1
     dp_size: int = 1
     kv_endpoints: tuple[KVEndpoint, ...] = ()
-    max_total_tokens: tuple[int, ...] = ()  # KV pool per DP rank, () when the engine says not
+    max_total_tokens: tuple[int, ...] = ()  # KV pool per DP rank, () when the worker says not
     loads: dict[int, RankLoad] = field(default_factory=dict)
     health_successes: int = 0
     health_failures: int = 0
@@ -158,7 +158,7 @@ class WorkerRegistry:
     # ---- health -------------------------------------------------------------------------------
 
     async def probe(self, worker: Worker) -> None:
-        """Ask the engine what it is (engine_api); raises NotReady naming what is missing."""
+        """Ask the worker what it is (engine_api); raises NotReady naming what is missing."""
         info = await probe_engine(lambda path: self._get(worker, path), worker.engine_api)
         worker.engine_api = info.api
         worker.page_size, worker.dp_size, worker.model_name = (
@@ -213,8 +213,8 @@ class WorkerRegistry:
                 self.index.add_rank(
                     key, worker.page_size, by_rank.get(key[1]), worker.capacity_of(key[1])
                 )
-            # Route only once the mirrors hold what the replica caches now (a router that
-            # restarts beside warm replicas); bounded, as a replay that never answers is one.
+            # Route only once the mirrors hold what the worker caches now (a router that
+            # restarts beside warm workers); bounded, as a replay that never answers is one.
             wait = self.index.replay_timeout_s + 1
             if not await self.index.wait_synced(worker.rank_keys(), wait):
                 logger.warning("worker %s: KV-event replay not done after %.0fs", worker.url, wait)

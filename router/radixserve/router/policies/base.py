@@ -16,7 +16,7 @@ from radixserve.router.addresses import RankKey
 @dataclass(frozen=True)
 class RankView:
     key: RankKey
-    load: int  # in-flight requests (ours now + others' at the last engine report)
+    load: int  # in-flight requests (ours now + others' at the last load poll)
     queued_tokens: int  # uncached prompt tokens of our in-flight requests there
     cached_tokens: int = 0  # this request's cached prefix on the rank, in tokens
     inflight_tokens: int = 0  # its prefix among prompts routed there, not yet cached (overlay)
