@@ -27,7 +27,7 @@ import httpx
 from radixserve.router.addresses import KVEndpoint, RankKey, normalize_url
 from radixserve.router.circuit_breaker import CircuitBreaker
 from radixserve.router.config import RouterConfig
-from radixserve.router.engine_api import NotReady, engine_loads, probe_engine, split_engine_api
+from radixserve.router.engine_api import NotReady, probe_worker, reported_loads, split_engine_api
 from radixserve.router.mirror.index import CacheIndex
 
 logger = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ class WorkerRegistry:
 
     async def probe(self, worker: Worker) -> None:
         """Ask the worker what it is (engine_api); raises NotReady naming what is missing."""
-        info = await probe_engine(lambda path: self._get(worker, path), worker.engine_api)
+        info = await probe_worker(lambda path: self._get(worker, path), worker.engine_api)
         worker.engine_api = info.api
         worker.page_size, worker.dp_size, worker.model_name = (
             info.page_size, info.dp_size, info.model_name
@@ -251,7 +251,7 @@ class WorkerRegistry:
 
     async def poll_load(self, worker: Worker) -> None:
         """The engine's own queue (SGLang `/get_load`, vLLM `/metrics`), per DP rank."""
-        for entry in await engine_loads(lambda path: self._get(worker, path), worker.engine_api):
+        for entry in await reported_loads(lambda path: self._get(worker, path), worker.engine_api):
             load = worker.load_of(entry.dp_rank)
             load.engine_reqs = entry.num_reqs
             load.engine_used_tokens = entry.num_used_tokens
