@@ -1,4 +1,4 @@
-"""`radixserve router`: the cache-aware router in front of engine replicas (no torch)."""
+"""`radixserve router`: the cache-aware router in front of engine servers (no torch)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from radixserve.logging_setup import RequestIdMiddleware, add_logging_args, stat
 def add_router_parser(sub: Any) -> None:
     from radixserve.router.config import add_router_args
 
-    p = sub.add_parser("router", help="run the cache-aware router in front of engine replicas")
+    help_text = "run the cache-aware router in front of engine servers (its workers)"
+    p = sub.add_parser("router", help=help_text)
     add_router_args(p)
     add_logging_args(p)
     p.set_defaults(handler=run_router)

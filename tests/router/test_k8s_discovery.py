@@ -18,6 +18,7 @@ import httpx
 import kmock
 import pytest
 
+from radixserve.router.addresses import KVEndpoint
 from radixserve.router.config import RouterConfig
 from radixserve.router.k8s_discovery import (
     KV_REPLAY_PORT_NAME,
@@ -31,7 +32,6 @@ from radixserve.router.k8s_discovery import (
     watch_endpoint_slices,
 )
 from radixserve.router.mirror.index import CacheIndex
-from radixserve.router.targets import KVEndpoint
 from radixserve.router.workers import WorkerRegistry
 
 SERVICE = "demo-engine"

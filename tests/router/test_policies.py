@@ -8,14 +8,14 @@ import pytest
 
 from radixserve.router.circuit_breaker import BreakerState, CircuitBreaker
 from radixserve.router.config import RouterConfig
-from radixserve.router.policies import RouteRequest, TargetView, make_policy
+from radixserve.router.policies import RankView, RouteRequest, make_policy
 from radixserve.router.policies.cache_aware import CacheAwarePolicy
 from radixserve.router.policies.cost import CostPolicy
 from radixserve.router.policies.simple import PowerOfTwoPolicy, RoundRobinPolicy
 
 
-def view(name: str, load: int = 0, cached: int = 0, queued: int = 0, rank: int = 0) -> TargetView:
-    return TargetView((f"http://{name}", rank), load, queued, cached)
+def view(name: str, load: int = 0, cached: int = 0, queued: int = 0, rank: int = 0) -> RankView:
+    return RankView((f"http://{name}", rank), load, queued, cached)
 
 
 def test_cache_aware_defaults_are_sglangs_cli_defaults() -> None:
@@ -30,36 +30,36 @@ def test_cache_aware_defaults_are_sglangs_cli_defaults() -> None:
 
 def test_cache_aware_prefers_the_longest_prefix_above_threshold() -> None:
     p = CacheAwarePolicy()
-    targets = [view("a", load=3, cached=100), view("b", load=0, cached=400), view("c", load=1)]
-    assert p.select(RouteRequest(1000), targets).key[0] == "http://b"
+    views = [view("a", load=3, cached=100), view("b", load=0, cached=400), view("c", load=1)]
+    assert p.select(RouteRequest(1000), views).key[0] == "http://b"
 
 
 def test_cache_aware_below_threshold_goes_to_least_loaded() -> None:
     p = CacheAwarePolicy()
     # 300 / 1000 is not > 0.3: a miss goes where the queue is shortest
-    targets = [view("a", load=5, cached=300), view("b", load=2), view("c", load=4)]
-    assert p.select(RouteRequest(1000), targets).key[0] == "http://b"
-    targets[0] = view("a", load=5, cached=301)
-    assert p.select(RouteRequest(1000), targets).key[0] == "http://a"
+    views = [view("a", load=5, cached=300), view("b", load=2), view("c", load=4)]
+    assert p.select(RouteRequest(1000), views).key[0] == "http://b"
+    views[0] = view("a", load=5, cached=301)
+    assert p.select(RouteRequest(1000), views).key[0] == "http://a"
 
 
 def test_cache_aware_imbalance_overrides_the_cache() -> None:
     p = CacheAwarePolicy()
     # max − min = 70 > 64 and 80 > 10 × 1.5: imbalanced, least loaded wins despite no cache
-    targets = [view("a", load=80, cached=1000), view("b", load=10)]
-    assert p.select(RouteRequest(1000), targets).key[0] == "http://b"
+    views = [view("a", load=80, cached=1000), view("b", load=10)]
+    assert p.select(RouteRequest(1000), views).key[0] == "http://b"
     # only the absolute gap is large; the relative one is not (100 ≤ 70 × 1.5): cache wins
-    targets = [view("a", load=100, cached=1000), view("b", load=70)]
-    assert p.select(RouteRequest(1000), targets).key[0] == "http://a"
+    views = [view("a", load=100, cached=1000), view("b", load=70)]
+    assert p.select(RouteRequest(1000), views).key[0] == "http://a"
     # only the relative gap is large (10 > 1 × 1.5) but the absolute one is 9: cache wins
-    targets = [view("a", load=10, cached=1000), view("b", load=1)]
-    assert p.select(RouteRequest(1000), targets).key[0] == "http://a"
+    views = [view("a", load=10, cached=1000), view("b", load=1)]
+    assert p.select(RouteRequest(1000), views).key[0] == "http://a"
 
 
 def test_cache_aware_ties_in_cache_go_to_lower_load() -> None:
     p = CacheAwarePolicy()
-    targets = [view("a", load=4, cached=500), view("b", load=1, cached=500)]
-    assert p.select(RouteRequest(600), targets).key[0] == "http://b"
+    views = [view("a", load=4, cached=500), view("b", load=1, cached=500)]
+    assert p.select(RouteRequest(600), views).key[0] == "http://b"
 
 
 def test_cache_aware_without_tokens_is_least_load() -> None:
@@ -70,32 +70,32 @@ def test_cache_aware_without_tokens_is_least_load() -> None:
 def test_cost_trades_cache_against_queue_in_tokens() -> None:
     p = CostPolicy(queue_weight=1.0)
     # a: 1000 − 900 = 100 uncached + 500 queued = 600; b: 1000 uncached + 0 = 1000
-    targets = [view("a", cached=900, queued=500), view("b")]
-    assert p.select(RouteRequest(1000), targets).key[0] == "http://a"
+    views = [view("a", cached=900, queued=500), view("b")]
+    assert p.select(RouteRequest(1000), views).key[0] == "http://a"
     # a's queue grows to 1000 tokens: 1100 > 1000, the empty replica wins
-    targets = [view("a", cached=900, queued=1000), view("b")]
-    assert p.select(RouteRequest(1000), targets).key[0] == "http://b"
+    views = [view("a", cached=900, queued=1000), view("b")]
+    assert p.select(RouteRequest(1000), views).key[0] == "http://b"
     # a larger weight makes queues dearer
     assert CostPolicy(queue_weight=3.0).cost(RouteRequest(1000), view("a", 0, 900, 500)) == 1600
 
 
 def test_round_robin_cycles() -> None:
     p = RoundRobinPolicy()
-    targets = [view("a"), view("b"), view("c")]
-    picked = [p.select(RouteRequest(10), targets).key[0][-1] for _ in range(6)]
+    views = [view("a"), view("b"), view("c")]
+    picked = [p.select(RouteRequest(10), views).key[0][-1] for _ in range(6)]
     assert picked == list("abcabc")
 
 
 def test_power_of_two_never_picks_the_most_loaded_of_three() -> None:
     p = PowerOfTwoPolicy(rng=random.Random(0))
-    targets = [view("a", load=9), view("b", load=1), view("c", load=5)]
-    picks = {p.select(RouteRequest(10), targets).key[0] for _ in range(200)}
+    views = [view("a", load=9), view("b", load=1), view("c", load=5)]
+    picks = {p.select(RouteRequest(10), views).key[0] for _ in range(200)}
     assert "http://a" not in picks
     assert picks == {"http://b", "http://c"}
 
 
 @pytest.mark.parametrize("name", ["round_robin", "random", "power_of_two", "least_load", "cost"])
-def test_every_policy_handles_a_single_target(name: str) -> None:
+def test_every_policy_handles_a_single_rank(name: str) -> None:
     policy = make_policy(RouterConfig(policy=name))
     only = view("only", load=100)
     assert policy.select(RouteRequest(5), [only]) is only
@@ -103,8 +103,8 @@ def test_every_policy_handles_a_single_target(name: str) -> None:
 
 def test_least_load_picks_the_smallest_load_then_fewest_queued_tokens() -> None:
     policy = make_policy(RouterConfig(policy="least_load"))
-    targets = [view("a", load=2, queued=10), view("b", load=2, queued=5), view("c", load=3)]
-    assert policy.select(RouteRequest(5), targets).key[0] == "http://b"
+    views = [view("a", load=2, queued=10), view("b", load=2, queued=5), view("c", load=3)]
+    assert policy.select(RouteRequest(5), views).key[0] == "http://b"
 
 
 def test_config_rejects_bad_values_naming_the_field() -> None:
@@ -156,32 +156,32 @@ def test_disabled_breaker_always_allows() -> None:
 def test_cache_aware_load_counts_queued_prefill_tokens() -> None:
     p = CacheAwarePolicy()  # 512 queued tokens weigh as one request
     # a miss: b has fewer requests but a long cold prompt queued; a's short warm ones cost less
-    targets = [view("a", load=2, queued=64), view("b", load=1, queued=2048)]
-    assert p.load(targets[0]) == 2.125 and p.load(targets[1]) == 5.0
-    assert p.select(RouteRequest(1000), targets).key[0] == "http://a"
+    views = [view("a", load=2, queued=64), view("b", load=1, queued=2048)]
+    assert p.load(views[0]) == 2.125 and p.load(views[1]) == 5.0
+    assert p.select(RouteRequest(1000), views).key[0] == "http://a"
     # the balance rule sees tokens too: equal request counts, 40k tokens queued on a
     assert not p.imbalanced([view("a", load=1), view("b", load=1)])
     heavy = [view("a", load=1, cached=1000, queued=40_000), view("b", load=1)]
     assert p.imbalanced(heavy) and p.select(RouteRequest(1000), heavy).key[0] == "http://b"
     with pytest.raises(ValueError, match="load_tokens_per_request"):
         CacheAwarePolicy(load_tokens_per_request=0)
-    assert make_policy(RouterConfig(load_tokens_per_request=64)).load(targets[0]) == 3.0  # type: ignore[attr-defined]
+    assert make_policy(RouterConfig(load_tokens_per_request=64)).load(views[0]) == 3.0  # type: ignore[attr-defined]
 
 
 def test_cache_aware_scores_in_flight_prefixes_like_cached_ones() -> None:
     p = CacheAwarePolicy()
-    arriving = TargetView(("http://a", 0), 1, 0, cached_tokens=0, inflight_tokens=600)
-    targets = [arriving, view("b"), view("c", cached=100)]
-    assert p.select(RouteRequest(632), targets).key[0] == "http://a"
+    arriving = RankView(("http://a", 0), 1, 0, cached_tokens=0, inflight_tokens=600)
+    views = [arriving, view("b"), view("c", cached=100)]
+    assert p.select(RouteRequest(632), views).key[0] == "http://a"
     assert arriving.expected_tokens == 600 and arriving.cached_tokens == 0
 
 
 def test_cache_aware_ties_in_load_go_where_least_is_cached() -> None:
     p = CacheAwarePolicy()
-    full, empty = (TargetView((f"http://{n}", 0), 0, 0, 0, 0, size) for n, size in
+    full, empty = (RankView((f"http://{n}", 0), 0, 0, 0, 0, size) for n, size in
                    (("full", 5000), ("empty", 0)))  # fmt: skip
     assert p.select(RouteRequest(600), [full, empty]).key[0] == "http://empty"
-    busy_empty = TargetView(("http://busy", 0), 1, 0, 0, 0, 0)
+    busy_empty = RankView(("http://busy", 0), 1, 0, 0, 0, 0)
     assert p.select(RouteRequest(600), [full, busy_empty]).key[0] == "http://full"
 
 
@@ -190,13 +190,13 @@ POOL = 2048  # tokens per replica: holds about three 630-token prefixes with the
 
 def pool_view(
     name: str, demand: int = 0, load: int = 0, held: int = 0, pool: int = POOL, queued: int = 0
-) -> TargetView:
+) -> RankView:
     """`demand`: distinct tokens routed there lately; `held`: what its mirror holds."""
-    return TargetView((f"http://{name}", 0), load, queued, 0, 0, held, pool, demand)
+    return RankView((f"http://{name}", 0), load, queued, 0, 0, held, pool, demand)
 
 
 @pytest.mark.parametrize(
-    ("targets", "want", "why"),
+    ("views", "want", "why"),
     [
         # pools that hold every prefix: nothing is displaced anywhere, the least loaded wins
         ([pool_view("a", 1400, load=2), pool_view("b", 1300, load=1)], "b", "both fit"),
@@ -220,9 +220,9 @@ def pool_view(
     ],
 )
 def test_cache_aware_miss_goes_where_it_displaces_least(
-    targets: list[TargetView], want: str, why: str
+    views: list[RankView], want: str, why: str
 ) -> None:
-    assert CacheAwarePolicy().select(RouteRequest(700), targets).key[0] == f"http://{want}", why
+    assert CacheAwarePolicy().select(RouteRequest(700), views).key[0] == f"http://{want}", why
 
 
 def test_cache_aware_displacement_is_counted_in_prompts() -> None:
@@ -237,7 +237,7 @@ def test_cache_aware_displacement_is_counted_in_prompts() -> None:
 
 def test_cache_aware_room_never_overrides_a_hit_or_the_balance_rule() -> None:
     p = CacheAwarePolicy()
-    hit = TargetView(("http://hit", 0), 1, 0, 600, 0, 2048, POOL, 4096)
+    hit = RankView(("http://hit", 0), 1, 0, 600, 0, 2048, POOL, 4096)
     assert p.select(RouteRequest(700), [hit, pool_view("room")]).key[0] == "http://hit"
     # imbalanced (100 vs 10 requests): the least loaded even though its pool is oversubscribed
     crowded = [pool_view("room", load=100), pool_view("full", 4096, load=10)]
@@ -258,7 +258,7 @@ def _place_cold_tenants(policy: CacheAwarePolicy, pool: int) -> list[int]:
             busy = i != most and tenants[i] > 0
             held = min(pool, prompt * (tenants[i] - busy)) if pool else 0
             views.append(
-                TargetView(
+                RankView(
                     (f"http://r{i}", 0),
                     int(busy),
                     prompt * busy,

@@ -1,4 +1,4 @@
-"""Selector: views over available targets, DP ranks, sticky sessions and in-flight leases.
+"""Selector: views over available ranks (worker DP ranks), sticky sessions and in-flight leases.
 
 Real WorkerRegistry and CacheIndex (approximate trees: no engine needed); workers are marked
 healthy by hand instead of by health checks, which the live tests cover.
@@ -23,8 +23,8 @@ def _healthy(registry: WorkerRegistry, url: str, dp_size: int = 1) -> Worker:
     worker = registry.add(url)
     worker.dp_size = dp_size
     worker.healthy = worker.ever_healthy = True
-    for key in worker.targets():
-        registry.index.add_target(key, 1)
+    for key in worker.rank_keys():
+        registry.index.add_rank(key, 1)
     return worker
 
 
@@ -84,7 +84,7 @@ async def test_unavailable_and_excluded_workers_are_skipped(parts) -> None:
 
 
 @pytest.mark.asyncio
-async def test_dp_ranks_are_scored_as_separate_targets(parts) -> None:
+async def test_dp_ranks_are_scored_separately(parts) -> None:
     registry, index = parts
     _healthy(registry, "http://127.0.0.1:1", dp_size=4)
     sel = _selector(registry, index, policy="least_load")
@@ -93,7 +93,7 @@ async def test_dp_ranks_are_scored_as_separate_targets(parts) -> None:
 
 
 @pytest.mark.asyncio
-async def test_sticky_session_keeps_its_target_until_it_goes_away(parts) -> None:
+async def test_sticky_session_keeps_its_rank_until_it_goes_away(parts) -> None:
     registry, index = parts
     workers = [_healthy(registry, f"http://127.0.0.1:{p}") for p in (1, 2, 3)]
     sel = _selector(registry, index, policy="round_robin", session_header="x-session-id")

@@ -27,11 +27,11 @@ from radixserve.protocol.kv_events import (
     encode_batch,
     seq_to_bytes,
 )
+from radixserve.router.addresses import KVEndpoint
 from radixserve.router.config import RouterConfig
 from radixserve.router.mirror.index import CacheIndex
 from radixserve.router.policies import make_policy
 from radixserve.router.selector import Selector
-from radixserve.router.targets import KVEndpoint
 from radixserve.router.workers import WorkerRegistry
 
 GROUP_PREFIX = 500
@@ -89,7 +89,7 @@ async def _fill(
             socks.append(sock)
             worker = registry.add(f"http://127.0.0.1:{20000 + t}", source="bench")
             worker.healthy = worker.ever_healthy = True
-            index.add_target((worker.url, 0), page, KVEndpoint(0, f"tcp://127.0.0.1:{port}"))
+            index.add_rank((worker.url, 0), page, KVEndpoint(0, f"tcp://127.0.0.1:{port}"))
         await index.start()
         await asyncio.sleep(1.0)  # SUB sockets connect (a PUB drops what nobody receives yet)
         for sock, docs in zip(socks, docs_per_target, strict=True):

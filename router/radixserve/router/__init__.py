@@ -1,1 +1,1 @@
-"""Cache-aware router: mirrors replica radix trees from KV events; imports no torch."""
+"""Cache-aware router: mirrors its workers' radix trees from KV events; imports no torch."""

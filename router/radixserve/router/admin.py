@@ -1,7 +1,7 @@
 """The admin API, behind `Authorization: Bearer <admin key>`: `GET/POST/DELETE /workers` and
 `POST /flush_cache` (every healthy worker flushes its radix cache).
 
-POST registers a worker only after its engine answered (`/server_info`, or vLLM's endpoints;
+POST registers a worker only after it answered (`/server_info`, or vLLM's endpoints;
 the URL may name the engine API as on the command line, `vllm+http://host:port`; an
 unreachable URL is a 400, not a silent pending entry); DELETE drops it and its mirrors. A
 flush empties the mirrors too, through the workers' AllBlocksCleared events. Without
@@ -18,8 +18,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from radixserve.protocol.http_edge import bearer_matches, error_response, read_json_body
+from radixserve.router.addresses import KVEndpoint, normalize_url
 from radixserve.router.engine_api import split_engine_api
-from radixserve.router.targets import KVEndpoint, normalize_url
 
 
 def _denied(request: Request) -> Response | None:
@@ -35,7 +35,7 @@ def _denied(request: Request) -> Response | None:
 def _kv_events(raw: Any) -> tuple[KVEndpoint, ...] | None:
     """`kv_events`: where to follow the worker's KV events when its own answer is not
     reachable from the router (NAT, a relay): `[{"endpoint", "replay_endpoint"?, "dp_rank"?,
-    "topic"?}]`, as /server_info lists them. None (absent): ask the engine."""
+    "topic"?}]`, as /server_info lists them. None (absent): ask the worker."""
     if raw is None:
         return None
     if not isinstance(raw, list) or not all(

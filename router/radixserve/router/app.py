@@ -2,7 +2,7 @@
 
 `/v1/completions`, `/v1/chat/completions` and `/generate` are tokenized exactly as the engine
 will (for the prefix match) and forwarded; the engine stays the judge of the request's
-content, so a body the router cannot tokenize is still forwarded and the engine answers it.
+content, so a body the router cannot tokenize is still forwarded and the worker answers it.
 The router itself only rejects what it cannot forward at all (a body that is not a JSON
 object, or holds NaN or Infinity), with the 400 naming the field that the engine gives.
 """
@@ -49,7 +49,7 @@ async def routing_tokens(
         else:
             tokens = tokenizer.routing_tokens(route, body)
     except ValueError:
-        return None  # e.g. a chat template error: the engine will answer it with a 400
+        return None  # e.g. a chat template error: the worker will answer it with a 400
     state.metrics.tokenize.observe(time.perf_counter() - start)
     return tokens
 

@@ -37,15 +37,15 @@ class RouterConfig:
     balance_rel_threshold: float = 1.5
     # cache_aware's load: requests + queued uncached prompt tokens / this many tokens
     load_tokens_per_request: int = 512
-    # in-flight overlay: a routed prompt counts as arriving on its target until its events
-    # store it or the request ends; at most this long, and this many tokens per target
+    # in-flight overlay: a routed prompt counts as arriving on its rank until its events
+    # store it or the request ends; at most this long, and this many tokens per rank
     inflight_ttl_s: float = 60.0
     inflight_max_tokens: int = 1 << 22
-    # cost: uncached prompt tokens + cost_queue_weight × tokens queued on the target
+    # cost: uncached prompt tokens + cost_queue_weight × tokens queued on the rank
     cost_queue_weight: float = 1.0
-    # header whose value pins a session to one target (sticky sessions); None: off
+    # header whose value pins a session to one rank (sticky sessions); None: off
     session_header: str | None = None
-    # approximate trees (targets without KV events): per-target token budget, LRU-trimmed
+    # approximate trees (ranks without KV events): per-rank token budget, LRU-trimmed
     approx_max_tokens: int = 1 << 22
     # limits under abuse (None: $RADIXSERVE_MAX_REQUEST_BODY_BYTES / $RADIXSERVE_HEADER_TIMEOUT_S,
     # else 32 MiB / 30 s, as the engine): a larger body is a 413; a connection whose request
@@ -70,7 +70,7 @@ class RouterConfig:
     request_timeout_s: float = 1800.0
     # bearer keys, never in repr (or logs); each also read from $RADIXSERVE_ROUTER_<FIELD>:
     # api_key: what clients must send (None: open); admin_key: opens GET/POST/DELETE /workers
-    # (None: the admin API is closed); worker_api_key: what the router sends to the engines
+    # (None: the admin API is closed); worker_api_key: what the router sends to the workers
     api_key: str | None = field(default=None, repr=False)
     admin_key: str | None = field(default=None, repr=False)
     worker_api_key: str | None = field(default=None, repr=False)
@@ -117,25 +117,25 @@ class RouterConfig:
 
 _HELP = MappingProxyType(
     {
-        "worker_urls": (
-            "engine replicas, e.g. http://127.0.0.1:30000 (repeatable / space-separated)"
-        ),
+        "worker_urls": "worker URLs, e.g. http://127.0.0.1:30000 (repeatable / space-separated)",
         "policy": "routing policy",
         "engine_api": (
             "how workers describe themselves: auto (SGLang /server_info, else vLLM's /v1/models,"
             " /kv_event_sources, /metrics), sglang or vllm; per worker: vllm+http://host:port"
         ),
-        "session_header": "request header that pins a session to one replica (sticky sessions)",
+        "session_header": (
+            "request header that pins a session to one worker DP rank (sticky sessions)"
+        ),
         "api_key": "bearer key clients must send (all but /health, /readiness and the admin API)",
         "admin_key": "bearer key that opens GET/POST/DELETE /workers",
-        "worker_api_key": "bearer key the router sends to the engines",
-        "k8s_service": "discover engines from the EndpointSlices of this Service",
-        "tokenizer_path": "local tokenizer.json (default: fetched from a replica)",
+        "worker_api_key": "bearer key the router sends to the workers",
+        "k8s_service": "discover workers from the EndpointSlices of this Service",
+        "tokenizer_path": "local tokenizer.json (default: fetched from a worker)",
         "load_tokens_per_request": (
             "cache_aware: queued uncached prompt tokens that weigh as much as one request"
         ),
         "inflight_ttl_s": "longest a routed prompt counts as arriving without its KV events",
-        "inflight_max_tokens": "per-target token budget of the in-flight overlay",
+        "inflight_max_tokens": "per-rank token budget of the in-flight overlay",
         "max_request_body_bytes": "a larger request body is a 413 (default 32 MiB)",
         "header_timeout_s": "close a connection whose request headers take longer (default 30)",
         "host": "address the router binds",
@@ -146,28 +146,28 @@ _HELP = MappingProxyType(
         ),
         "balance_abs_threshold": (
             "cache_aware: the load is imbalanced when max - min exceeds this (and the relative "
-            "threshold): then the least-loaded replica gets the request"
+            "threshold): then the least-loaded rank gets the request"
         ),
         "balance_rel_threshold": "cache_aware: ... and when max exceeds min times this",
         "cost_queue_weight": "cost: uncached prompt tokens + this x the tokens queued there",
-        "approx_max_tokens": "per-replica token budget of the trees of replicas without KV events",
-        "health_check_interval_s": "seconds between health checks of each replica",
+        "approx_max_tokens": "per-rank token budget of the trees of workers without KV events",
+        "health_check_interval_s": "seconds between health checks of each worker",
         "health_check_timeout_s": "a health check slower than this fails",
-        "health_failure_threshold": "consecutive failed checks that take a replica out",
+        "health_failure_threshold": "consecutive failed checks that take a worker out",
         "health_success_threshold": "consecutive passed checks that bring it back",
-        "load_check_interval_s": "seconds between polls of each replica's load",
+        "load_check_interval_s": "seconds between polls of each worker's load",
         "cb_failure_threshold": "circuit breaker: consecutive failed requests that open it",
         "cb_success_threshold": "circuit breaker: consecutive successes that close it again",
         "cb_timeout_s": "circuit breaker: seconds open before one probe request may go through",
-        "disable_circuit_breaker": "never take a replica out for failed requests",
+        "disable_circuit_breaker": "never take a worker out for failed requests",
         "retry_max_attempts": "tries per request, retried only before the first byte is sent",
         "retry_initial_backoff_s": "the first retry's backoff (x1.5 per retry after)",
         "retry_max_backoff_s": "the longest backoff between retries",
-        "connect_timeout_s": "connecting to a replica slower than this fails",
+        "connect_timeout_s": "connecting to a worker slower than this fails",
         "request_timeout_s": "a proxied request slower than this fails",
         "k8s_namespace": "namespace of --k8s-service (default: the pod's own, else default)",
-        "k8s_http_port_name": "EndpointSlice port name of the engines' HTTP port",
-        "k8s_kv_events_port_name": "EndpointSlice port name of the engines' KV-event port",
+        "k8s_http_port_name": "EndpointSlice port name of the workers' HTTP port",
+        "k8s_kv_events_port_name": "EndpointSlice port name of the workers' KV-event port",
     }
 )
 

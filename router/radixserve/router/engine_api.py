@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from radixserve.router.addresses import KVEndpoint
 from radixserve.router.config import ENGINE_APIS
-from radixserve.router.targets import KVEndpoint
 
 VLLM_DEFAULT_BLOCK_SIZE = 16  # vLLM's default when /metrics does not say
 
@@ -34,7 +34,9 @@ class NotReady(ValueError):
 
 
 @dataclass(frozen=True)
-class EngineInfo:
+class WorkerInfo:
+    """What a worker's engine says about itself when probed."""
+
     api: str  # "sglang" | "vllm": what the worker turned out to speak
     model_name: str | None
     page_size: int
@@ -45,7 +47,9 @@ class EngineInfo:
 
 
 @dataclass(frozen=True)
-class EngineLoad:
+class ReportedLoad:
+    """One rank's queue as the worker's engine reports it at a load poll."""
+
     dp_rank: int
     num_reqs: int  # running + waiting requests on that rank
     num_used_tokens: int = 0
@@ -130,20 +134,20 @@ def vllm_block_size(metrics_text: str) -> int | None:
     return None
 
 
-def vllm_loads(metrics_text: str) -> list[EngineLoad]:
+def vllm_loads(metrics_text: str) -> list[ReportedLoad]:
     """Running + waiting requests per `engine` label (vLLM's DP rank) from `/metrics`."""
     reqs: dict[int, float] = {}
     for family in text_string_to_metric_families(metrics_text):
         if family.name not in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
             continue
         for sample in family.samples:
-            engine = sample.labels.get("engine", "0")
-            rank = int(engine) if engine.isdigit() else 0
+            label = sample.labels.get("engine", "0")  # vLLM's label for the DP rank
+            rank = int(label) if label.isdigit() else 0
             reqs[rank] = reqs.get(rank, 0.0) + sample.value
-    return [EngineLoad(rank, int(n)) for rank, n in sorted(reqs.items())]
+    return [ReportedLoad(rank, int(n)) for rank, n in sorted(reqs.items())]
 
 
-async def _probe_sglang(get: Get, info: Any) -> EngineInfo:
+async def _probe_sglang(get: Get, info: Any) -> WorkerInfo:
     if not isinstance(info, dict):
         raise NotReady("/server_info: expected a JSON object")
     try:
@@ -151,7 +155,7 @@ async def _probe_sglang(get: Get, info: Any) -> EngineInfo:
     except NotReady:
         model = {}  # the name is informational; SGLang versions differ in this route
     name = (model if isinstance(model, dict) else {}).get("served_model_name")
-    return EngineInfo(
+    return WorkerInfo(
         "sglang",
         name or info.get("served_model_name"),
         int(info.get("page_size") or 1),
@@ -161,7 +165,7 @@ async def _probe_sglang(get: Get, info: Any) -> EngineInfo:
     )
 
 
-async def _probe_vllm(get: Get) -> EngineInfo:
+async def _probe_vllm(get: Get) -> WorkerInfo:
     models = await _json(get, "/v1/models")
     data = models.get("data") if isinstance(models, dict) else None
     if not data:
@@ -179,7 +183,7 @@ async def _probe_vllm(get: Get) -> EngineInfo:
         block = None
     if kv and block is None:
         raise NotReady("/metrics: no vllm:cache_config_info block_size (KV events need it)")
-    return EngineInfo(
+    return WorkerInfo(
         "vllm",
         data[0].get("id"),
         block or VLLM_DEFAULT_BLOCK_SIZE,
@@ -188,7 +192,7 @@ async def _probe_vllm(get: Get) -> EngineInfo:
     )
 
 
-async def probe_engine(get: Get, api: str = "auto") -> EngineInfo:
+async def probe_worker(get: Get, api: str = "auto") -> WorkerInfo:
     """What the worker is; raises NotReady naming what is missing."""
     if api == "vllm":
         return await _probe_vllm(get)
@@ -200,7 +204,7 @@ async def probe_engine(get: Get, api: str = "auto") -> EngineInfo:
         raise
 
 
-async def engine_loads(get: Get, api: str) -> list[EngineLoad]:
+async def reported_loads(get: Get, api: str) -> list[ReportedLoad]:
     """The engine's own queue per DP rank; [] when it cannot say (no poll counts as idle)."""
     try:
         if api == "vllm":
@@ -216,7 +220,7 @@ async def engine_loads(get: Get, api: str) -> list[EngineLoad]:
     for entry in body if isinstance(body, list) else [body]:
         if isinstance(entry, dict):
             out.append(
-                EngineLoad(
+                ReportedLoad(
                     int(entry.get("dp_rank") or 0),
                     int(entry.get("num_reqs") or 0),
                     int(entry.get("num_used_tokens") or 0),

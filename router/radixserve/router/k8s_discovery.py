@@ -26,8 +26,8 @@ from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
 
+from radixserve.router.addresses import KVEndpoint
 from radixserve.router.config import RouterConfig
-from radixserve.router.targets import KVEndpoint
 
 if TYPE_CHECKING:
     from aiohttp import ClientResponse
@@ -51,7 +51,7 @@ Slice = Mapping[str, Any]
 
 @dataclass(frozen=True)
 class DesiredWorker:
-    """One engine replica as its EndpointSlice describes it."""
+    """One worker as its EndpointSlice describes it."""
 
     url: str
     kv_override: tuple[KVEndpoint, ...] | None = None

@@ -44,7 +44,7 @@ class _StateCollector(Collector):
                 load.add_metric([w.url, str(rank)], float(tl.load))
         tokens = GaugeMetricFamily(
             "radixserve_router_mirror_tokens",
-            "tokens held by the router's view of a target's cache",
+            "tokens held by the router's view of a rank's cache",
             labels=["worker", "dp_rank", "mode"],
         )
         for (url, rank), st in sorted(self.index.stats().items()):
@@ -67,7 +67,7 @@ class RouterMetrics:
         )
         self.cached_tokens = Counter(
             "radixserve_router_cached_tokens",
-            "prompt tokens found cached on the chosen target at routing time",
+            "prompt tokens found cached on the chosen rank at routing time",
             ["worker"],
             registry=r,
         )
@@ -76,7 +76,7 @@ class RouterMetrics:
         )
         self.decision = Histogram(
             "radixserve_router_decision_seconds",
-            "time to choose a target (views, prefix match, policy)",
+            "time to choose a rank (views, prefix match, policy)",
             buckets=DECISION_BUCKETS,
             registry=r,
         )

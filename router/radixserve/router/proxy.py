@@ -1,13 +1,13 @@
-"""Forwarding one request to an engine: retries before the first byte, pass-through after.
+"""Forwarding one request to a worker: retries before the first byte, pass-through after.
 
 - Each attempt takes a lease from the selector (which excludes workers already tried) and
-  sends the client's JSON body, plus `data_parallel_rank` for a DP replica.
+  sends the client's JSON body, plus `data_parallel_rank` for a worker with DP ranks.
 - Before anything reached the client, a transport error or a retryable status (408, 429,
   5xx) is retried on another worker with exponential backoff and jitter. A refused
-  connection also marks the worker unhealthy at once (a dead replica gets no new requests).
+  connection also marks the worker unhealthy at once (a dead worker gets no new requests).
 - A non-streaming answer is read whole before the client sees a byte, so it can still be
   retried when the worker dies mid-body.
-- A stream is forwarded chunk by chunk as the engine writes it (no buffering). If the worker
+- A stream is forwarded chunk by chunk as the worker writes it (no buffering). If the worker
   dies after the first byte, the client gets one SSE error event and `data: [DONE]`.
 """
 
@@ -38,7 +38,7 @@ NO_WORKER_RETRY_AFTER_S = 5
 def no_worker_response() -> Response:
     """503 with Retry-After: nothing to route to (yet); clients and probes should come back."""
     return error_response(
-        "no healthy engine replica is available",
+        "no healthy worker is available",
         503,
         headers={"Retry-After": str(NO_WORKER_RETRY_AFTER_S)},
     )
@@ -113,60 +113,60 @@ class Proxy:
             timeout=self.timeout,
         )
         try:
-            upstream = await self.client.send(request, stream=True)
+            resp = await self.client.send(request, stream=True)
         except httpx.TransportError as exc:
             await self._failed(lease, route, exc)
             return None
-        worker.breaker.record(upstream.status_code < 500)
-        if bool(body.get("stream")) and upstream.status_code == 200:
-            return self._stream(lease, route, upstream)
+        worker.breaker.record(resp.status_code < 500)
+        if bool(body.get("stream")) and resp.status_code == 200:
+            return self._stream(lease, route, resp)
         try:
-            content = await upstream.aread()
+            content = await resp.aread()
         except httpx.TransportError as exc:
             await self._failed(lease, route, exc)
             return None
         finally:
-            await upstream.aclose()
+            await resp.aclose()
             lease.release()
-        self.metrics.requests.labels(worker.url, route, str(upstream.status_code)).inc()
-        media = upstream.headers.get("content-type", "application/json")
-        return Response(content, status_code=upstream.status_code, media_type=media)
+        self.metrics.requests.labels(worker.url, route, str(resp.status_code)).inc()
+        media = resp.headers.get("content-type", "application/json")
+        return Response(content, status_code=resp.status_code, media_type=media)
 
     async def _failed(self, lease: Lease, route: str, exc: httpx.TransportError) -> None:
         lease.release()
         worker = lease.worker
         worker.breaker.record(False)
         self.metrics.requests.labels(worker.url, route, "transport_error").inc()
-        logger.info("upstream failed url=%s error=%r", worker.url, exc)
+        logger.info("request to worker failed url=%s error=%r", worker.url, exc)
         if isinstance(exc, httpx.ConnectError):  # nothing listens: unambiguous, act now
             await self.registry.mark_unhealthy(worker, f"request failed: {type(exc).__name__}")
         else:
             self._recheck(lease)
 
-    def _stream(self, lease: Lease, route: str, upstream: httpx.Response) -> StreamingResponse:
+    def _stream(self, lease: Lease, route: str, resp: httpx.Response) -> StreamingResponse:
         async def chunks() -> AsyncIterator[bytes]:
             outcome = "200"
             try:
-                async for chunk in upstream.aiter_raw():
+                async for chunk in resp.aiter_raw():
                     yield chunk
             except httpx.TransportError as exc:
                 outcome = "stream_error"
                 lease.worker.breaker.record(False)
                 logger.info("stream broke url=%s error=%r", lease.worker.url, exc)
                 # The engine's in-stream error event, then the end marker clients wait for.
-                yield sse_error(f"engine replica {lease.worker.url} failed mid-stream: {exc}", 502)
+                yield sse_error(f"worker {lease.worker.url} failed mid-stream: {exc}", 502)
                 yield SSE_DONE
                 self._recheck(lease)
             finally:
-                await upstream.aclose()
+                await resp.aclose()
                 lease.release()
                 self.metrics.requests.labels(lease.worker.url, route, outcome).inc()
 
-        media = upstream.headers.get("content-type", "text/event-stream")
-        return StreamingResponse(chunks(), status_code=upstream.status_code, media_type=media)
+        media = resp.headers.get("content-type", "text/event-stream")
+        return StreamingResponse(chunks(), status_code=resp.status_code, media_type=media)
 
     def _recheck(self, lease: Lease) -> None:
-        """A broken stream may mean a dead replica: check now rather than at the next tick."""
+        """A broken stream may mean a dead worker: check now rather than at the next tick."""
         task = asyncio.get_running_loop().create_task(self.registry.check(lease.worker))
         task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 

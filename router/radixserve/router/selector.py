@@ -1,10 +1,10 @@
-"""One routing decision: available targets → views (load, cached prefix) → policy → a lease.
+"""One routing decision: available ranks → views (load, cached prefix) → policy → a lease.
 
-A `Lease` is the in-flight accounting of one attempt: taking it bumps the target's load and
-queued tokens and puts its prompt in the target's in-flight overlay; releasing it (exactly
+A `Lease` is the in-flight accounting of one attempt: taking it bumps the rank's load and
+queued tokens and puts its prompt in the rank's in-flight overlay; releasing it (exactly
 once, in a `finally`, when the request ends or fails) gives them back and takes it out.
 `cached_tokens` is the mirror's exact prefix (what metrics report); the overlay only steers.
-Sticky sessions sit in front of the policy: a session keeps its target while it is available.
+Sticky sessions sit in front of the policy: a session keeps its rank while it is available.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
+from radixserve.router.addresses import RankKey
 from radixserve.router.mirror.index import CacheIndex, PrefixMatch
-from radixserve.router.policies import Policy, RouteRequest, TargetView
-from radixserve.router.targets import TargetKey
+from radixserve.router.policies import Policy, RankView, RouteRequest
 from radixserve.router.workers import Worker, WorkerRegistry
 
 logger = logging.getLogger(__name__)
@@ -58,11 +58,11 @@ class Selector:
         self.registry = registry
         self.index = index
         self.policy = policy
-        self.sessions: OrderedDict[str, TargetKey] = OrderedDict()
+        self.sessions: OrderedDict[str, RankKey] = OrderedDict()
 
-    def views(self, tokens: Sequence[int] | None, exclude: Collection[str]) -> list[TargetView]:
+    def views(self, tokens: Sequence[int] | None, exclude: Collection[str]) -> list[RankView]:
         keys = [
-            key for w in self.registry.available() if w.url not in exclude for key in w.targets()
+            key for w in self.registry.available() if w.url not in exclude for key in w.rank_keys()
         ]
         cached = self.index.match_both(tokens, keys) if tokens and self.policy.uses_cache else {}
         out = []
@@ -71,7 +71,7 @@ class Selector:
             load = worker.load_of(rank)
             hit = cached.get((url, rank), NO_MATCH)
             size = self.index.size_of((url, rank))
-            view = TargetView(
+            view = RankView(
                 (url, rank),
                 load.load,
                 load.in_flight_tokens,
@@ -90,7 +90,7 @@ class Selector:
         session: str | None = None,
         exclude: Collection[str] = (),
     ) -> Lease | None:
-        """Pick a target and take a lease on it; None when no target is available."""
+        """Pick a rank and take a lease on it; None when no rank is available."""
         start = time.perf_counter()
         views = self.views(tokens, exclude)
         if not views:
@@ -120,19 +120,17 @@ class Selector:
         load.in_flight_tokens += lease.uncached
         return lease
 
-    def _sticky(self, session: str | None, views: list[TargetView]) -> TargetView | None:
+    def _sticky(self, session: str | None, views: list[RankView]) -> RankView | None:
         if session is None or session not in self.sessions:
             return None
         key = self.sessions[session]
         return next((v for v in views if v.key == key), None)
 
 
-def _log_decision(
-    tokens: Sequence[int] | None, chosen: TargetView, views: list[TargetView]
-) -> None:
-    """One DEBUG line per decision: which target, and what every target offered (cached,
-    arriving, load, queued tokens, mirror size, recent working set); `head` names the
-    prompt's first 32 tokens (a tenant)."""
+def _log_decision(tokens: Sequence[int] | None, chosen: RankView, views: list[RankView]) -> None:
+    """One DEBUG line per decision: which rank (`target=`, the documented key), and what every
+    rank offered (cached, arriving, load, queued tokens, mirror size, recent working set);
+    `head` names the prompt's first 32 tokens (a tenant)."""
     head = hash(tuple(tokens[:32])) & 0xFFFFFF if tokens else 0
     offered = " ".join(
         f"{v.key[0]}#{v.key[1]}:c{v.cached_tokens}:i{v.inflight_tokens}:l{v.load}"

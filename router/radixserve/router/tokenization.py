@@ -1,5 +1,5 @@
-"""The router's tokenizer: the token ids an engine replica will compute for a request, without
-torch or transformers, so the router can match them against its mirrors of the replicas' caches.
+"""The router's tokenizer: the token ids a worker's engine will compute for a request, without
+torch or transformers, so the router can match them against its mirrors of the workers' caches.
 
 Built from the description an engine serves at GET /get_tokenizer (the HF fast tokenizer's own
 JSON plus the chat template and special tokens), or from a local tokenizer.json. It encodes as
@@ -91,7 +91,7 @@ class RouterTokenizer:
     async def fetch(
         cls, client: httpx.AsyncClient, worker_url: str, headers: Mapping[str, str] | None = None
     ) -> RouterTokenizer:
-        """GET {worker_url}/get_tokenizer from a live engine with `headers` (its API key);
+        """GET {worker_url}/get_tokenizer from a live worker with `headers` (its API key);
         HTTP errors propagate."""
         resp = await client.get(worker_url.rstrip("/") + "/get_tokenizer", headers=headers)
         resp.raise_for_status()
@@ -121,7 +121,7 @@ class RouterTokenizer:
         if config.get("tokenizer_class") not in GENERIC_CLASSES:
             logger.warning(
                 "tokenizer_class %s may change tokenizer.json when transformers loads it; "
-                "fetch the tokenizer from an engine (/get_tokenizer) to be exact",
+                "fetch the tokenizer from a worker (/get_tokenizer) to be exact",
                 config.get("tokenizer_class"),
             )
         template = _file_templates(folder) or _config_templates(config.get("chat_template"))
@@ -167,7 +167,7 @@ class RouterTokenizer:
 
     def routing_tokens(self, path: str, body: dict[str, Any]) -> list[int] | None:
         """The ids of the request's (first) prompt, or None when the body has no usable prompt
-        (the router then routes without cache information and the engine answers the 400)."""
+        (the router then routes without cache information and the worker answers the 400)."""
         if not isinstance(body, dict):
             return None
         try:

@@ -1,17 +1,17 @@
-"""The router's view of its engine replicas: registration, health, load, circuit breakers.
+"""The router's view of its workers: registration, health, load, circuit breakers.
 
 A worker is added by URL (static list, admin API or Kubernetes discovery) and stays *pending*
 until its engine's API says what it is (`engine_api`: SGLang's `/server_info`, or vLLM's
 `/v1/models` + `/kv_event_sources` + `/metrics`): page size, DP size and KV-event endpoints.
 Why a worker is not usable yet is logged once per change of reason.
-Only a healthy worker has targets in the cache index; when it turns unhealthy its mirrors
+Only a healthy worker has ranks in the cache index; when it turns unhealthy its mirrors
 are dropped, and they are rebuilt from a replay when it comes back (a restarted engine starts
 again at seq 0 with AllBlocksCleared, so nothing stale survives).
 
 Health: active checks (`GET /health` every interval; unhealthy after N failures, healthy after
 M successes, or after the first success for a worker never seen healthy) plus a passive rule:
 a refused connection while proxying marks the worker unhealthy at once, so requests stop
-going to a dead replica before the next check.
+going to a dead worker before the next check.
 """
 
 from __future__ import annotations
@@ -24,18 +24,18 @@ from typing import Any
 
 import httpx
 
+from radixserve.router.addresses import KVEndpoint, RankKey, normalize_url
 from radixserve.router.circuit_breaker import CircuitBreaker
 from radixserve.router.config import RouterConfig
-from radixserve.router.engine_api import NotReady, engine_loads, probe_engine, split_engine_api
+from radixserve.router.engine_api import NotReady, probe_worker, reported_loads, split_engine_api
 from radixserve.router.mirror.index import CacheIndex
-from radixserve.router.targets import KVEndpoint, TargetKey, normalize_url
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class TargetLoad:
-    """Load of one (worker, dp_rank): the router's own in-flight work plus the engine's report."""
+class RankLoad:
+    """Load of one (worker, dp_rank): the router's own in-flight work plus the worker's report."""
 
     in_flight: int = 0
     in_flight_tokens: int = 0  # uncached prompt tokens of the in-flight requests
@@ -63,14 +63,14 @@ class Worker:
     page_size: int = 1
     dp_size: int = 1
     kv_endpoints: tuple[KVEndpoint, ...] = ()
-    max_total_tokens: tuple[int, ...] = ()  # KV pool per DP rank, () when the engine says not
-    loads: dict[int, TargetLoad] = field(default_factory=dict)
+    max_total_tokens: tuple[int, ...] = ()  # KV pool per DP rank, () when the worker says not
+    loads: dict[int, RankLoad] = field(default_factory=dict)
     health_successes: int = 0
     health_failures: int = 0
     engine_api: str = "auto"  # "sglang" | "vllm" once probed (see engine_api)
     not_ready: str | None = None  # the last reason logged for not being usable yet
 
-    def targets(self) -> list[TargetKey]:
+    def rank_keys(self) -> list[RankKey]:
         return [(self.url, rank) for rank in range(self.dp_size)]
 
     def available(self) -> bool:
@@ -81,8 +81,8 @@ class Worker:
         sizes = self.max_total_tokens
         return sizes[rank] if 0 <= rank < len(sizes) else 0
 
-    def load_of(self, rank: int) -> TargetLoad:
-        return self.loads.setdefault(rank, TargetLoad())
+    def load_of(self, rank: int) -> RankLoad:
+        return self.loads.setdefault(rank, RankLoad())
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -145,7 +145,7 @@ class WorkerRegistry:
         worker = self.workers.pop(normalize_url(url), None)
         if worker is None:
             raise KeyError(url)
-        await self._drop_targets(worker)
+        await self._drop_ranks(worker)
         logger.info("worker removed url=%s", worker.url)
         return worker
 
@@ -158,8 +158,8 @@ class WorkerRegistry:
     # ---- health -------------------------------------------------------------------------------
 
     async def probe(self, worker: Worker) -> None:
-        """Ask the engine what it is (engine_api); raises NotReady naming what is missing."""
-        info = await probe_engine(lambda path: self._get(worker, path), worker.engine_api)
+        """Ask the worker what it is (engine_api); raises NotReady naming what is missing."""
+        info = await probe_worker(lambda path: self._get(worker, path), worker.engine_api)
         worker.engine_api = info.api
         worker.page_size, worker.dp_size, worker.model_name = (
             info.page_size, info.dp_size, info.model_name
@@ -209,14 +209,14 @@ class WorkerRegistry:
                 self._not_ready(worker, str(exc) or type(exc).__name__)
                 return
             by_rank = {e.dp_rank: e for e in worker.kv_endpoints}
-            for key in worker.targets():
-                self.index.add_target(
+            for key in worker.rank_keys():
+                self.index.add_rank(
                     key, worker.page_size, by_rank.get(key[1]), worker.capacity_of(key[1])
                 )
-            # Route only once the mirrors hold what the replica caches now (a router that
-            # restarts beside warm replicas); bounded, as a replay that never answers is one.
+            # Route only once the mirrors hold what the worker caches now (a router that
+            # restarts beside warm workers); bounded, as a replay that never answers is one.
             wait = self.index.replay_timeout_s + 1
-            if not await self.index.wait_synced(worker.targets(), wait):
+            if not await self.index.wait_synced(worker.rank_keys(), wait):
                 logger.warning("worker %s: KV-event replay not done after %.0fs", worker.url, wait)
             worker.healthy = worker.ever_healthy = True
             worker.not_ready = None
@@ -232,12 +232,12 @@ class WorkerRegistry:
                 return
             worker.healthy = False
             worker.health_successes = 0
-            await self._drop_targets(worker)
+            await self._drop_ranks(worker)
             logger.warning("worker unhealthy url=%s reason=%s", worker.url, reason)
 
-    async def _drop_targets(self, worker: Worker) -> None:
-        for key in worker.targets():
-            await self.index.remove_target(key)
+    async def _drop_ranks(self, worker: Worker) -> None:
+        for key in worker.rank_keys():
+            await self.index.remove_rank(key)
 
     async def check_all(self) -> None:
         await asyncio.gather(*(self.check(w) for w in list(self.workers.values())))
@@ -251,7 +251,7 @@ class WorkerRegistry:
 
     async def poll_load(self, worker: Worker) -> None:
         """The engine's own queue (SGLang `/get_load`, vLLM `/metrics`), per DP rank."""
-        for entry in await engine_loads(lambda path: self._get(worker, path), worker.engine_api):
+        for entry in await reported_loads(lambda path: self._get(worker, path), worker.engine_api):
             load = worker.load_of(entry.dp_rank)
             load.engine_reqs = entry.num_reqs
             load.engine_used_tokens = entry.num_used_tokens

@@ -16,7 +16,7 @@ from radixserve.engine.mem_cache.allocator import create_allocator
 from radixserve.engine.mem_cache.memory_pool import ReqToTokenPool
 from radixserve.engine.mem_cache.radix_cache import RadixCache
 from radixserve.engine.scheduler.kv_event_publisher import ZmqKVEventPublisher
-from radixserve.router.targets import KVEndpoint
+from radixserve.router.addresses import KVEndpoint
 from tests.ports import bind_retrying
 
 CPU = torch.device("cpu")

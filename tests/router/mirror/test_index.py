@@ -1,5 +1,5 @@
-"""CacheIndex: per-target cached prefixes from live event streams (exact, equal to each
-replica's own RadixCache) and from routed prompts (approx), stats, and target lifecycle."""
+"""CacheIndex: per-rank cached prefixes from live event streams (exact, equal to each
+replica's own RadixCache) and from routed prompts (approx), stats, and rank lifecycle."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from radixserve.router.addresses import KVEndpoint, RankKey
 from radixserve.router.mirror.index import CacheIndex
-from radixserve.router.targets import KVEndpoint, TargetKey
 from tests.router.mirror.replica import Replica, engine_match, fresh_replica, until
 
 pytestmark = pytest.mark.timeout(90)
@@ -35,23 +35,23 @@ class Traffic:
         ]
 
 
-def synced(index: CacheIndex, key: TargetKey, replica: Replica) -> bool:
+def synced(index: CacheIndex, key: RankKey, replica: Replica) -> bool:
     s = index.stats()[key]
     return s.last_seq == replica.last_seq and s.num_tokens == (
         replica.cache.evictable_size() + replica.cache.protected_size()
     )
 
 
-def test_mirror_and_approx_targets_side_by_side() -> None:
+def test_mirror_and_approx_ranks_side_by_side() -> None:
     async def scenario() -> None:
         traffic = Traffic(1)
         r1, r4 = fresh_replica(1, pool=2000), fresh_replica(4, pool=2000)
         a, b, c = ("http://127.0.0.1:1", 0), ("http://127.0.0.1:2", 0), ("http://127.0.0.1:3", 0)
         index = CacheIndex(approx_max_tokens=10_000)
-        index.add_target(a, 1, r1.kv)  # before start(): its subscriber starts with the index
+        index.add_rank(a, 1, r1.kv)  # before start(): its subscriber starts with the index
         await index.start()
-        index.add_target(b, 16)  # no KV events: approx
-        index.add_target(c, 4, r4.kv)  # after start(): starts at once
+        index.add_rank(b, 16)  # no KV events: approx
+        index.add_rank(c, 4, r4.kv)  # after start(): starts at once
         assert {f"kv-events {a[0]}#0", f"kv-events {c[0]}#0"} <= task_names()
         for r in (r1, r4):
             r.serve()
@@ -85,7 +85,7 @@ def test_mirror_and_approx_targets_side_by_side() -> None:
         assert stats[b].num_tokens == len(q) and stats[b].last_seq == -1
         assert stats[a].resets == 0 and stats[a].replays <= 1
 
-        await index.remove_target(a)
+        await index.remove_rank(a)
         assert f"kv-events {a[0]}#0" not in task_names()
         assert a not in index and a not in index.stats()
         assert index.match(q, [a]) == {a: 0}
@@ -107,7 +107,7 @@ def test_an_engine_bound_to_all_interfaces_is_dialled_at_the_workers_host() -> N
         kv = KVEndpoint(0, f"tcp://0.0.0.0:{port}", f"tcp://0.0.0.0:{port + 1}")
         index = CacheIndex()
         await index.start()
-        index.add_target(key, 1, kv)
+        index.add_rank(key, 1, kv)
         for _ in range(5):
             replica.insert(traffic.prompt())
         await until(
@@ -125,14 +125,14 @@ def test_bad_arguments_name_the_field() -> None:
         index = CacheIndex()
         key = ("http://127.0.0.1:1", 0)
         with pytest.raises(ValueError, match="page_size"):
-            index.add_target(key, 0)
-        index.add_target(key, 16)
-        index.add_target(key, 16)  # same settings: nothing to do
+            index.add_rank(key, 0)
+        index.add_rank(key, 16)
+        index.add_rank(key, 16)  # same settings: nothing to do
         with pytest.raises(ValueError, match="key"):
-            index.add_target(key, 16, KVEndpoint(0, "tcp://127.0.0.1:1"))
+            index.add_rank(key, 16, KVEndpoint(0, "tcp://127.0.0.1:1"))
         with pytest.raises(ValueError, match="tokens"):
             index.match([1, -1], [key])
-        await index.remove_target(("http://127.0.0.1:2", 0))  # unknown: no-op
+        await index.remove_rank(("http://127.0.0.1:2", 0))  # unknown: no-op
         await index.aclose()
         with pytest.raises(ValueError, match="max_tokens"):
             CacheIndex(approx_max_tokens=-1)
@@ -149,11 +149,11 @@ def test_working_set_counts_distinct_routed_tokens_up_to_twice_the_pool() -> Non
     async def scenario() -> None:
         index = CacheIndex()
         events, approx, unknown = (("http://127.0.0.1:1", r) for r in (0, 1, 2))
-        index.add_target(events, 1, KVEndpoint(0, "tcp://127.0.0.1:1"), pool_tokens=1000)
-        index.add_target(approx, 1, pool_tokens=1000)
-        index.add_target(unknown, 1)
+        index.add_rank(events, 1, KVEndpoint(0, "tcp://127.0.0.1:1"), pool_tokens=1000)
+        index.add_rank(approx, 1, pool_tokens=1000)
+        index.add_rank(unknown, 1)
         with pytest.raises(ValueError, match="pool_tokens"):
-            index.add_target(("http://127.0.0.1:9", 0), 1, pool_tokens=-1)
+            index.add_rank(("http://127.0.0.1:9", 0), 1, pool_tokens=-1)
         rng = random.Random(5)
         tenant = [rng.randrange(30_000) for _ in range(300)]
         prompts = [tenant + [rng.randrange(30_000) for _ in range(40)] for _ in range(3)]
@@ -169,7 +169,7 @@ def test_working_set_counts_distinct_routed_tokens_up_to_twice_the_pool() -> Non
         for p in others:
             index.on_routed(events, p)
         assert index.working_set_of(events) == 2000
-        assert index.match(others[-1], [approx])[approx] == 0  # targets do not share it
+        assert index.match(others[-1], [approx])[approx] == 0  # ranks do not share it
         await index.aclose()
 
     run(scenario)

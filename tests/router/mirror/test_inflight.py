@@ -1,4 +1,4 @@
-"""InflightOverlay: a routed prompt arrives on its target from routing until its events store
+"""InflightOverlay: a routed prompt arrives on its rank from routing until its events store
 it, the request ends or fails, or its TTL passes; never reported as cached; bounded memory.
 
 The confirmation and selector cases run against the engine's real RadixCache and publisher
@@ -100,7 +100,7 @@ def test_match_equals_the_longest_prefix_among_live_entries(ops: list) -> None:
 
 @pytest_asyncio.fixture
 async def live() -> AsyncIterator[tuple[Selector, CacheIndex, list[Replica]]]:
-    """Three event targets fed by real replicas (RadixCache + ZMQ publisher), and a Selector."""
+    """Three event ranks fed by real replicas (RadixCache + ZMQ publisher), and a Selector."""
     replicas = [fresh_replica(1, pool=4000) for _ in range(3)]
     async with httpx.AsyncClient() as client:
         index = CacheIndex()
@@ -110,7 +110,7 @@ async def live() -> AsyncIterator[tuple[Selector, CacheIndex, list[Replica]]]:
             r.serve()
             worker = registry.add(f"http://127.0.0.1:{21000 + i}")
             worker.healthy = worker.ever_healthy = True
-            index.add_target((worker.url, 0), 1, r.kv)
+            index.add_rank((worker.url, 0), 1, r.kv)
         yield Selector(registry, index, make_policy(RouterConfig())), index, replicas
         await index.aclose()
         for r in replicas:

@@ -14,9 +14,9 @@ import zmq.asyncio
 
 from radixserve.protocol import BlockStored, KVEventBatch, encode_batch
 from radixserve.protocol.kv_events import seq_to_bytes
+from radixserve.router.addresses import KVEndpoint
 from radixserve.router.mirror.subscriber import KVEventSubscriber
 from radixserve.router.mirror.tree import MirrorTree
-from radixserve.router.targets import KVEndpoint
 from tests.ports import bind_retrying, free_port_pair
 from tests.router.mirror.replica import (
     SYNC_TIMEOUT_S,

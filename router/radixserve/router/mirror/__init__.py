@@ -1,9 +1,9 @@
-"""The router's cache mirrors: one radix tree per target, exact from KV events or approximate."""
+"""The router's cache mirrors: one radix tree per rank, exact from KV events or approximate."""
 
 from __future__ import annotations
 
 from radixserve.router.mirror.approx import ApproxTree
-from radixserve.router.mirror.index import CacheIndex, TargetCacheStats
+from radixserve.router.mirror.index import CacheIndex, RankCacheStats
 from radixserve.router.mirror.subscriber import KVEventSubscriber
 from radixserve.router.mirror.tree import MirrorTree, encode_tokens
 
@@ -12,6 +12,6 @@ __all__ = [
     "CacheIndex",
     "KVEventSubscriber",
     "MirrorTree",
-    "TargetCacheStats",
+    "RankCacheStats",
     "encode_tokens",
 ]

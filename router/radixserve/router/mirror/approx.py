@@ -1,7 +1,7 @@
-"""ApproxTree: what a target probably caches, for engines that publish no KV events.
+"""ApproxTree: what a rank probably caches, for workers that publish no KV events.
 
-sgl-router's fallback: remember the prompts routed to the target in a token-keyed radix tree
-and assume the engine still caches them. The tree is trimmed to a token budget, least recently
+sgl-router's fallback: remember the prompts routed to the rank in a token-keyed radix tree
+and assume the worker still caches them. The tree is trimmed to a token budget, least recently
 used leaves first; a leaf longer than the excess loses only its tail, so the budget is kept
 exactly and the prefixes (what matching needs) survive longest.
 
@@ -31,7 +31,7 @@ class _Node:
 
 
 class ApproxTree:
-    """Token-keyed tree of the prompts routed to one target, LRU-trimmed to `max_tokens`."""
+    """Token-keyed tree of the prompts routed to one rank, LRU-trimmed to `max_tokens`."""
 
     def __init__(self, max_tokens: int) -> None:
         if not isinstance(max_tokens, int) or max_tokens < 0:

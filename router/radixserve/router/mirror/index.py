@@ -1,11 +1,11 @@
-"""CacheIndex: the router's view of what every target caches, one tree per target.
+"""CacheIndex: the router's view of what every rank caches, one tree per rank.
 
-A target with a KV-event endpoint gets a MirrorTree kept exact by a KVEventSubscriber ("events"
+A rank with a KV-event endpoint gets a MirrorTree kept exact by a KVEventSubscriber ("events"
 mode); one without gets an ApproxTree of the prompts routed to it ("approx" mode, sgl-router's
-fallback). An events target also has an InflightOverlay of the prompts routed to it and not
+fallback). An events rank also has an InflightOverlay of the prompts routed to it and not
 yet confirmed by its events, and a fallback ApproxTree of the prompts routed there, matched
 instead of the mirror while its event stream is lost (the mirror is frozen then). `match`
-encodes the prompt once and walks each target's tree: the cached prefix in tokens,
+encodes the prompt once and walks each rank's tree: the cached prefix in tokens,
 page-aligned like the engine's own match; `match_both` adds the overlay's "arriving" prefix
 beside it. Everything runs on the event loop, no thread: the trees are only touched between
 awaits.
@@ -22,22 +22,22 @@ from typing import NamedTuple
 import zmq.asyncio
 
 from radixserve.protocol.kv_events import KVEventBatch
+from radixserve.router.addresses import KVEndpoint, RankKey, reachable_endpoint
 from radixserve.router.mirror.approx import ApproxTree
 from radixserve.router.mirror.inflight import InflightOverlay, OverlayLimits
 from radixserve.router.mirror.subscriber import REPLAY_TIMEOUT_S, KVEventSubscriber
 from radixserve.router.mirror.tree import DEFAULT_MAX_ORPHANS, MirrorTree, encode_tokens
-from radixserve.router.targets import KVEndpoint, TargetKey, reachable_endpoint
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_APPROX_MAX_TOKENS = 1 << 22
-FALLBACK_MAX_TOKENS = 1 << 20  # an events target's routed prompts, for when its stream is lost
-RECENT_POOLS = 2  # the recent working set is kept up to this many times the target's KV pool
+FALLBACK_MAX_TOKENS = 1 << 20  # an events rank's routed prompts, for when its stream is lost
+RECENT_POOLS = 2  # the recent working set is kept up to this many times the rank's KV pool
 
 
 @dataclass(frozen=True)
-class TargetCacheStats:
-    """One target's cache view, for /metrics. Approx mode has no stream (last_seq -1, no
+class RankCacheStats:
+    """One rank's cache view, for /metrics. Approx mode has no stream (last_seq -1, no
     resets or replays) and counts num_blocks as num_tokens // page_size."""
 
     mode: str  # "events" | "approx"
@@ -49,28 +49,30 @@ class TargetCacheStats:
 
 
 class PrefixMatch(NamedTuple):
-    """One target's prefix for one prompt, in tokens: `cached` is what the target holds now
+    """One rank's prefix for one prompt, in tokens: `cached` is what the rank holds now
     (the only number reported as cached); `inflight` what prompts routed there and not yet
-    confirmed by its events share with it (0 for approx targets, whose tree already has them)."""
+    confirmed by its events share with it (0 for approx ranks, whose tree already has them)."""
 
     cached: int
     inflight: int = 0
 
 
 @dataclass(frozen=True)
-class _Target:
+class _RankCache:
+    """What the index holds for one rank: its tree and, for an events rank, its stream."""
+
     page_size: int
     kv: KVEndpoint | None
     tree: MirrorTree | ApproxTree
     subscriber: KVEventSubscriber | None
     overlay: InflightOverlay | None = None
-    # events targets: the prompts routed there, matched while the event stream is lost
+    # events ranks: the prompts routed there, matched while the event stream is lost
     fallback: ApproxTree | None = None
     # the prompts routed there most recently, up to RECENT_POOLS × its KV pool (pool known)
     recent: ApproxTree | None = None
 
     def matching_tree(self) -> MirrorTree | ApproxTree:
-        """The exact mirror, or the approximate view while the target's stream is lost."""
+        """The exact mirror, or the approximate view while the rank's stream is lost."""
         lost = self.subscriber is not None and self.subscriber.stream_lost
         return self.fallback if lost and self.fallback is not None else self.tree
 
@@ -101,32 +103,32 @@ class CacheIndex:
         self.max_orphans = max_orphans
         self._own_ctx = ctx is None
         self._ctx = ctx if ctx is not None else zmq.asyncio.Context()
-        self._targets: dict[TargetKey, _Target] = {}
+        self._ranks: dict[RankKey, _RankCache] = {}
         self._started = False
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the subscribers of the targets added so far; later ones start when added."""
+        """Start the subscribers of the ranks added so far; later ones start when added."""
         self._started = True
-        for target in self._targets.values():
-            if target.subscriber is not None:
-                target.subscriber.start()
+        for cache in self._ranks.values():
+            if cache.subscriber is not None:
+                cache.subscriber.start()
 
     async def aclose(self) -> None:
-        for key in list(self._targets):
-            await self.remove_target(key)
+        for key in list(self._ranks):
+            await self.remove_rank(key)
         self._started = False
         if self._own_ctx:
             self._ctx.destroy(linger=0)
 
-    # ---- targets ------------------------------------------------------------------------------
+    # ---- ranks --------------------------------------------------------------------------------
 
-    def add_target(
-        self, key: TargetKey, page_size: int, kv: KVEndpoint | None = None, pool_tokens: int = 0
+    def add_rank(
+        self, key: RankKey, page_size: int, kv: KVEndpoint | None = None, pool_tokens: int = 0
     ) -> None:
-        """Follow a target: by its KV events when `kv` is given, else approximately. Adding the
-        same target again with the same settings does nothing; with others is an error.
+        """Follow a rank: by its KV events when `kv` is given, else approximately. Adding the
+        same rank again with the same settings does nothing; with others is an error.
         `pool_tokens` (its KV pool, 0: unknown) sizes the recent working set it keeps."""
         if not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"page_size: must be an integer ≥ 1, got {page_size!r}")
@@ -135,14 +137,14 @@ class CacheIndex:
         recent = ApproxTree(RECENT_POOLS * pool_tokens) if pool_tokens else None
         if kv is not None:
             kv = _dialable(kv, key[0])
-        known = self._targets.get(key)
+        known = self._ranks.get(key)
         if known is not None:
             if (known.page_size, known.kv) != (page_size, kv):
-                raise ValueError(f"key: target {key} is already followed; remove it first")
+                raise ValueError(f"key: rank {key} is already followed; remove it first")
             return
         if kv is None:
             approx = ApproxTree(self.approx_max_tokens)
-            self._targets[key] = _Target(page_size, None, approx, None, recent=recent)
+            self._ranks[key] = _RankCache(page_size, None, approx, None, recent=recent)
             return
         tree = MirrorTree(page_size, self.max_orphans)
         overlay = InflightOverlay(page_size, self.overlay_limits)
@@ -156,23 +158,23 @@ class CacheIndex:
             name=name,
         )
         fallback = ApproxTree(min(self.approx_max_tokens, FALLBACK_MAX_TOKENS))
-        self._targets[key] = _Target(page_size, kv, tree, subscriber, overlay, fallback, recent)
+        self._ranks[key] = _RankCache(page_size, kv, tree, subscriber, overlay, fallback, recent)
         if self._started:
             subscriber.start()
 
-    async def remove_target(self, key: TargetKey) -> None:
-        """Stop following a target (its subscriber ends, its tree is dropped); unknown: no-op."""
-        target = self._targets.pop(key, None)
-        if target is not None and target.subscriber is not None:
-            await target.subscriber.aclose()
+    async def remove_rank(self, key: RankKey) -> None:
+        """Stop following a rank (its subscriber ends, its tree is dropped); unknown: no-op."""
+        cache = self._ranks.pop(key, None)
+        if cache is not None and cache.subscriber is not None:
+            await cache.subscriber.aclose()
 
-    async def wait_synced(self, keys: Iterable[TargetKey], timeout_s: float) -> bool:
-        """Wait until every events target among `keys` has applied its replica's replay buffer
+    async def wait_synced(self, keys: Iterable[RankKey], timeout_s: float) -> bool:
+        """Wait until every events rank among `keys` has applied its publisher's replay buffer
         (or its subscriber gave up); False when `timeout_s` passed first."""
         waits = [
             t.subscriber.synced.wait()
             for key in keys
-            if (t := self._targets.get(key)) is not None and t.subscriber is not None
+            if (t := self._ranks.get(key)) is not None and t.subscriber is not None
         ]
         if not waits or not self._started:
             return True
@@ -182,98 +184,96 @@ class CacheIndex:
             return False
         return True
 
-    def keys(self) -> list[TargetKey]:
-        return list(self._targets)
+    def keys(self) -> list[RankKey]:
+        return list(self._ranks)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._targets
+        return key in self._ranks
 
     # ---- the router's calls -------------------------------------------------------------------
 
-    def match(self, tokens: Sequence[int], keys: Iterable[TargetKey]) -> dict[TargetKey, int]:
-        """Cached prefix length in tokens per target (0 for a target not followed)."""
+    def match(self, tokens: Sequence[int], keys: Iterable[RankKey]) -> dict[RankKey, int]:
+        """Cached prefix length in tokens per rank (0 for a rank not followed)."""
         q = encode_tokens(tokens)
-        out: dict[TargetKey, int] = {}
+        out: dict[RankKey, int] = {}
         for key in keys:
-            target = self._targets.get(key)
-            if target is None:
+            cache = self._ranks.get(key)
+            if cache is None:
                 out[key] = 0
-            elif target.matching_tree() is target.tree and target.subscriber is not None:
-                out[key] = target.tree.match_encoded(q)
+            elif cache.matching_tree() is cache.tree and cache.subscriber is not None:
+                out[key] = cache.tree.match_encoded(q)
             else:  # the engine matches whole pages only
-                n = target.matching_tree().match_encoded(q)
-                out[key] = n - n % target.page_size
+                n = cache.matching_tree().match_encoded(q)
+                out[key] = n - n % cache.page_size
         return out
 
     def match_both(
-        self, tokens: Sequence[int], keys: Iterable[TargetKey]
-    ) -> dict[TargetKey, PrefixMatch]:
-        """`match` plus each events target's in-flight prefix (see PrefixMatch)."""
+        self, tokens: Sequence[int], keys: Iterable[RankKey]
+    ) -> dict[RankKey, PrefixMatch]:
+        """`match` plus each events rank's in-flight prefix (see PrefixMatch)."""
         q = encode_tokens(tokens)
-        out: dict[TargetKey, PrefixMatch] = {}
+        out: dict[RankKey, PrefixMatch] = {}
         for key in keys:
-            target = self._targets.get(key)
-            if target is None:
+            cache = self._ranks.get(key)
+            if cache is None:
                 out[key] = PrefixMatch(0)
-            elif target.overlay is not None and target.matching_tree() is target.tree:
-                out[key] = PrefixMatch(
-                    target.tree.match_encoded(q), target.overlay.match_encoded(q)
-                )
+            elif cache.overlay is not None and cache.matching_tree() is cache.tree:
+                out[key] = PrefixMatch(cache.tree.match_encoded(q), cache.overlay.match_encoded(q))
             else:  # approx: its tree already holds the prompts routed there
-                n = target.matching_tree().match_encoded(q)
-                out[key] = PrefixMatch(n - n % target.page_size)
+                n = cache.matching_tree().match_encoded(q)
+                out[key] = PrefixMatch(n - n % cache.page_size)
         return out
 
-    def on_routed(self, key: TargetKey, tokens: Sequence[int]) -> int | None:
-        """A prompt was sent to `key`: approx targets remember it; an events target counts its
+    def on_routed(self, key: RankKey, tokens: Sequence[int]) -> int | None:
+        """A prompt was sent to `key`: approx ranks remember it; an events rank counts its
         pages as arriving until its events store them. Returns the overlay entry to pass to
         `on_finished` when the request ends or fails (None: nothing to undo)."""
-        target = self._targets.get(key)
-        if target is None:
+        cache = self._ranks.get(key)
+        if cache is None:
             return None
-        if target.recent is not None:
-            target.recent.insert(tokens)
-        if isinstance(target.tree, ApproxTree):
-            target.tree.insert(tokens)
+        if cache.recent is not None:
+            cache.recent.insert(tokens)
+        if isinstance(cache.tree, ApproxTree):
+            cache.tree.insert(tokens)
             return None
-        if target.fallback is not None:
-            target.fallback.insert(tokens)
-        assert target.overlay is not None
-        return target.overlay.add(encode_tokens(tokens))
+        if cache.fallback is not None:
+            cache.fallback.insert(tokens)
+        assert cache.overlay is not None
+        return cache.overlay.add(encode_tokens(tokens))
 
-    def on_finished(self, key: TargetKey, entry: int | None) -> None:
+    def on_finished(self, key: RankKey, entry: int | None) -> None:
         """The request of `on_routed`'s entry ended or failed: its pages stop arriving."""
-        target = self._targets.get(key)
-        if entry is not None and target is not None and target.overlay is not None:
-            target.overlay.discard(entry)
+        cache = self._ranks.get(key)
+        if entry is not None and cache is not None and cache.overlay is not None:
+            cache.overlay.discard(entry)
 
-    def size_of(self, key: TargetKey) -> int:
-        """Tokens the target's tree holds (0 for a target not followed)."""
-        target = self._targets.get(key)
-        return target.tree.num_tokens if target is not None else 0
+    def size_of(self, key: RankKey) -> int:
+        """Tokens the rank's tree holds (0 for a rank not followed)."""
+        cache = self._ranks.get(key)
+        return cache.tree.num_tokens if cache is not None else 0
 
-    def working_set_of(self, key: TargetKey) -> int:
-        """Distinct tokens of the prompts routed to the target lately (the newest up to
+    def working_set_of(self, key: RankKey) -> int:
+        """Distinct tokens of the prompts routed to the rank lately (the newest up to
         RECENT_POOLS × its KV pool): what it is asked to hold, in flight or not, cached or
         already evicted; 0 when its pool size is unknown."""
-        target = self._targets.get(key)
-        return target.recent.num_tokens if target is not None and target.recent else 0
+        cache = self._ranks.get(key)
+        return cache.recent.num_tokens if cache is not None and cache.recent else 0
 
-    def overlay_of(self, key: TargetKey) -> InflightOverlay | None:
-        """The target's in-flight overlay (None: approx or unknown target); for tests/metrics."""
-        target = self._targets.get(key)
-        return target.overlay if target is not None else None
+    def overlay_of(self, key: RankKey) -> InflightOverlay | None:
+        """The rank's in-flight overlay (None: approx or unknown rank); for tests/metrics."""
+        cache = self._ranks.get(key)
+        return cache.overlay if cache is not None else None
 
-    def stats(self) -> dict[TargetKey, TargetCacheStats]:
-        out: dict[TargetKey, TargetCacheStats] = {}
-        for key, t in self._targets.items():
+    def stats(self) -> dict[RankKey, RankCacheStats]:
+        out: dict[RankKey, RankCacheStats] = {}
+        for key, t in self._ranks.items():
             sub = t.subscriber
             if sub is None or sub.stream_lost:
                 n = t.matching_tree().num_tokens
-                out[key] = TargetCacheStats("approx", n, n // t.page_size)
+                out[key] = RankCacheStats("approx", n, n // t.page_size)
             else:
                 assert isinstance(t.tree, MirrorTree)
-                out[key] = TargetCacheStats(
+                out[key] = RankCacheStats(
                     "events",
                     t.tree.num_tokens,
                     t.tree.num_blocks,

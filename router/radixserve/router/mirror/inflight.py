@@ -1,9 +1,9 @@
-"""InflightOverlay: the prompt pages one target is about to cache, because we just routed there.
+"""InflightOverlay: the prompt pages one rank is about to cache, because we just routed there.
 
-An exact mirror only learns a prefix once the replica has prefilled it and published the
+An exact mirror only learns a prefix once the worker has prefilled it and published the
 events; a tenant's second request that arrives meanwhile would see no match anywhere and be
 sent elsewhere, to prefill the same prefix again. The overlay closes that gap: each routed
-prompt is an *entry* (its whole pages) that counts as "arriving" on the chosen target until
+prompt is an *entry* (its whole pages) that counts as "arriving" on the chosen rank until
 - the mirror holds all of its pages (`confirm`, called after each applied event batch),
 - the request ends or fails (`discard`, from the lease's release),
 - its TTL passes (`ttl_s`: covers events that never come), or
@@ -47,7 +47,7 @@ class _Entry:
 
 @dataclass(frozen=True, slots=True)
 class OverlayLimits:
-    """How long and how much the overlay of one target may hold."""
+    """How long and how much the overlay of one rank may hold."""
 
     ttl_s: float = DEFAULT_INFLIGHT_TTL_S
     max_entries: int = DEFAULT_INFLIGHT_MAX_ENTRIES
@@ -64,7 +64,7 @@ class OverlayLimits:
 
 
 class InflightOverlay:
-    """In-flight prompts of one target, matched like a cache but never reported as cached."""
+    """In-flight prompts of one rank, matched like a cache but never reported as cached."""
 
     def __init__(
         self,

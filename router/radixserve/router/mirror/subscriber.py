@@ -1,24 +1,24 @@
-"""KVEventSubscriber: follows one target's KV-event stream and keeps its mirror in step.
+"""KVEventSubscriber: follows one rank's KV-event stream and keeps its mirror in step.
 
-One asyncio task per target (zmq.asyncio, no thread). The publisher numbers its batches from 0
+One asyncio task per rank (zmq.asyncio, no thread). The publisher numbers its batches from 0
 (engine `ZmqKVEventPublisher`, SGLang's `ZmqEventPublisher`); frames are
 `[topic, seq (8-byte big-endian signed), msgpack KVEventBatch]`. Per live batch:
-- On connect, the replay socket's whole buffer is applied first (a warm, idle replica is
+- On connect, the replay socket's whole buffer is applied first (a warm, idle rank is
   mirrored at once, not at its next batch).
 - seq = last + 1: apply it.
 - a gap (seq > last + 1), or a first batch that is not seq 0: fetch the missing batches from the
   replay socket (a DEALER: send the 8-byte start seq, read `[seq, payload]` until seq -1), apply
   them in order, then the live one. Live batches the replay already delivered are skipped
   (same seq and same payload).
-- seq ≤ last (and not such a duplicate): the replica restarted. Reset the mirror (`on_reset`)
+- seq ≤ last (and not such a duplicate): the publisher restarted. Reset the mirror (`on_reset`)
   and start over from this batch, replaying from 0 first when its seq is not 0.
 Two checks catch a restart whose new seqs do not go backwards: every replay starts at our
 last applied batch and must return it unchanged, and after the SUB socket reconnects (seen on
 a socket monitor) the next batch is verified that way even when its seq looks contiguous.
 When a replay fails or times out (or there is no replay endpoint) the mirror is reset and
 follows the live stream from the current batch; it then under-estimates the cache (blocks
-below unknown parents wait as orphans) until the replica clears or re-stores them. Logged.
-A replica that goes away is reconnected to by ZMQ; dropping the target is the owner's call.
+below unknown parents wait as orphans) until the rank clears or re-stores them. Logged.
+A publisher that goes away is reconnected to by ZMQ; dropping the rank is the owner's call.
 A dropped connection (the socket monitor's DISCONNECTED, watched beside the stream) sets
 `stream_lost`: the owner routes on its approximate view until the connection is back and the
 batches sent meanwhile have been taken from the replay.
@@ -38,7 +38,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from radixserve.protocol.kv_events import KVEventBatch, decode_batch, seq_from_bytes, seq_to_bytes
-from radixserve.router.targets import KVEndpoint
+from radixserve.router.addresses import KVEndpoint
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ YIELD_EVERY_S = 0.005  # longest run of batch applying before the router's reque
 
 class KVEventSubscriber:
     """Feeds `on_batch` every batch of one KV-event stream, in seq order, exactly once; calls
-    `on_reset` when what was fed before no longer describes the replica."""
+    `on_reset` when what was fed before no longer describes the rank."""
 
     def __init__(  # noqa: PLR0913 - the stream, its two callbacks and three transport knobs
         self,
@@ -80,7 +80,7 @@ class KVEventSubscriber:
         self._task: asyncio.Task[None] | None = None
         self._last_yield = 0.0
         # set once the replay buffer taken at connect is applied (or the task ended): the
-        # owner waits for it before routing to the target (see WorkerRegistry.mark_healthy)
+        # owner waits for it before routing to the rank (see WorkerRegistry.mark_healthy)
         self.synced = asyncio.Event()
         # the SUB connection dropped and has not come back (or not caught up yet): the mirror
         # is frozen, so the owner routes on its approximate view meanwhile
@@ -155,15 +155,15 @@ class KVEventSubscriber:
             sub.close(linger=0)
 
     async def _initial_sync(self) -> None:
-        """Take what the replica holds now from its replay buffer, without waiting for its next
-        batch: an idle replica may publish nothing for a long time, and a router that starts
-        (or restarts) next to warm replicas should see their caches at once."""
+        """Take what the rank holds now from its publisher's replay buffer, without waiting for its
+        next batch: an idle rank may publish nothing for a long time, and a router that starts
+        (or restarts) next to warm workers should see their caches at once."""
         history = await self._replay(0)
         if not history:
             return
         if history[0][0] != 0:
             logger.warning(
-                "KV events %s: batches before %d are no longer buffered by the replica; "
+                "KV events %s: batches before %d are no longer buffered by the publisher; "
                 "the mirror starts from there",
                 self.name,
                 history[0][0],
@@ -199,7 +199,7 @@ class KVEventSubscriber:
         self._resync_due = False
         history = await self._replay(max(self.last_seq, 0))
         if history is not None and self.last_seq >= 0 and not self._continues(history):
-            logger.warning("KV events %s: replica restarted while away: mirror reset", self.name)
+            logger.warning("KV events %s: publisher restarted while away: mirror reset", self.name)
             self._reset()
             history = await self._replay(0)
         if history is None:
@@ -232,7 +232,7 @@ class KVEventSubscriber:
                 return
             if seq <= self.last_seq:
                 logger.warning(
-                    "KV events %s: seq %d after %d: the replica restarted, mirror reset",
+                    "KV events %s: seq %d after %d: the publisher restarted, mirror reset",
                     self.name,
                     seq,
                     self.last_seq,
@@ -250,7 +250,7 @@ class KVEventSubscriber:
         history = await self._replay(max(self.last_seq, 0))
         if history is not None and self.last_seq >= 0 and not self._continues(history):
             logger.warning(
-                "KV events %s: the replica's history no longer holds our batch %d "
+                "KV events %s: the publisher's history no longer holds our batch %d "
                 "(restart, or too far behind): mirror reset",
                 self.name,
                 self.last_seq,
@@ -270,7 +270,7 @@ class KVEventSubscriber:
             return
         if self.last_seq < 0 and (not history or history[0][0] != 0):
             logger.warning(
-                "KV events %s: batches before %s are no longer buffered by the replica; "
+                "KV events %s: batches before %s are no longer buffered by the publisher; "
                 "the mirror starts from there",
                 self.name,
                 history[0][0] if history else seq,

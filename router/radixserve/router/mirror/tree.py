@@ -1,4 +1,4 @@
-"""MirrorTree: one target's radix tree, rebuilt exactly from its KV events.
+"""MirrorTree: one rank's radix tree, rebuilt exactly from its KV events.
 
 The tree is keyed by token ids only; block hashes are opaque names used to find where a new
 block hangs (its parent) and which block a removal means. It trusts no hash scheme, so it works
@@ -25,7 +25,7 @@ Events:
   but it reports a leaf node's pages first-to-last, so the first removal takes the whole tail
   and the later ones find nothing (ignored); an unknown hash is ignored too.
 - AllBlocksCleared: empty.
-Memory is bounded by what the replica holds plus the orphan FIFO.
+Memory is bounded by what the rank holds plus the orphan FIFO.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class _Node:
 
 
 class MirrorTree:
-    """Exact token-keyed radix tree of one target, fed by `apply(event)`."""
+    """Exact token-keyed radix tree of one rank, fed by `apply(event)`."""
 
     def __init__(self, page_size: int, max_orphans: int = DEFAULT_MAX_ORPHANS) -> None:
         if not isinstance(page_size, int) or page_size < 1:
@@ -167,7 +167,7 @@ class MirrorTree:
     def _store(self, ev: BlockStored) -> None:
         if ev.block_size != self.page_size:
             raise ValueError(
-                f"block_size: expected the target's page size {self.page_size}, got {ev.block_size}"
+                f"block_size: expected the rank's page size {self.page_size}, got {ev.block_size}"
             )
         if len(ev.token_ids) != len(ev.block_hashes) * self.page_size:
             raise ValueError(

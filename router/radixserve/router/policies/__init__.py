@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from radixserve.router.config import RouterConfig
-from radixserve.router.policies.base import Policy, RouteRequest, TargetView
+from radixserve.router.policies.base import Policy, RankView, RouteRequest
 from radixserve.router.policies.cache_aware import CacheAwarePolicy
 from radixserve.router.policies.cost import CostPolicy
 from radixserve.router.policies.simple import (
@@ -15,7 +15,7 @@ from radixserve.router.policies.simple import (
     RoundRobinPolicy,
 )
 
-__all__ = ["Policy", "RouteRequest", "TargetView", "make_policy"]
+__all__ = ["Policy", "RouteRequest", "RankView", "make_policy"]
 
 
 def make_policy(config: RouterConfig) -> Policy:

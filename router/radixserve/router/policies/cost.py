@@ -1,4 +1,4 @@
-"""`cost`: pick the target with the least estimated work before this request's first token.
+"""`cost`: pick the rank with the least estimated work before this request's first token.
 
 cost = uncached prompt tokens (what this request must prefill there; in-flight prefixes count
        as cached: they will be by then)
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from radixserve.router.policies.base import RouteRequest, TargetView
+from radixserve.router.policies.base import RankView, RouteRequest
 
 
 @dataclass(frozen=True)
@@ -23,9 +23,9 @@ class CostPolicy:
     name: str = "cost"
     uses_cache: bool = True
 
-    def cost(self, request: RouteRequest, target: TargetView) -> float:
-        uncached = max(0, request.num_tokens - target.expected_tokens)
-        return uncached + self.queue_weight * target.queued_tokens
+    def cost(self, request: RouteRequest, view: RankView) -> float:
+        uncached = max(0, request.num_tokens - view.expected_tokens)
+        return uncached + self.queue_weight * view.queued_tokens
 
-    def select(self, request: RouteRequest, targets: Sequence[TargetView]) -> TargetView:
-        return min(targets, key=lambda t: (self.cost(request, t), t.load))
+    def select(self, request: RouteRequest, views: Sequence[RankView]) -> RankView:
+        return min(views, key=lambda v: (self.cost(request, v), v.load))

@@ -7,7 +7,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from radixserve.router.policies.base import RouteRequest, TargetView, least_loaded
+from radixserve.router.policies.base import RankView, RouteRequest, least_loaded
 
 
 @dataclass
@@ -16,8 +16,8 @@ class RoundRobinPolicy:
     uses_cache: bool = False
     _counter: itertools.count[int] = field(default_factory=itertools.count)
 
-    def select(self, request: RouteRequest, targets: Sequence[TargetView]) -> TargetView:
-        return targets[next(self._counter) % len(targets)]
+    def select(self, request: RouteRequest, views: Sequence[RankView]) -> RankView:
+        return views[next(self._counter) % len(views)]
 
 
 @dataclass
@@ -26,22 +26,22 @@ class RandomPolicy:
     uses_cache: bool = False
     rng: random.Random = field(default_factory=random.Random)
 
-    def select(self, request: RouteRequest, targets: Sequence[TargetView]) -> TargetView:
-        return self.rng.choice(list(targets))
+    def select(self, request: RouteRequest, views: Sequence[RankView]) -> RankView:
+        return self.rng.choice(list(views))
 
 
 @dataclass
 class PowerOfTwoPolicy:
-    """Two distinct random targets; the less loaded wins (ties → the first drawn)."""
+    """Two distinct random ranks; the less loaded wins (ties → the first drawn)."""
 
     name: str = "power_of_two"
     uses_cache: bool = False
     rng: random.Random = field(default_factory=random.Random)
 
-    def select(self, request: RouteRequest, targets: Sequence[TargetView]) -> TargetView:
-        if len(targets) == 1:
-            return targets[0]
-        a, b = self.rng.sample(list(targets), 2)
+    def select(self, request: RouteRequest, views: Sequence[RankView]) -> RankView:
+        if len(views) == 1:
+            return views[0]
+        a, b = self.rng.sample(list(views), 2)
         return b if (b.load, b.queued_tokens) < (a.load, a.queued_tokens) else a
 
 
@@ -50,5 +50,5 @@ class LeastLoadPolicy:
     name: str = "least_load"
     uses_cache: bool = False
 
-    def select(self, request: RouteRequest, targets: Sequence[TargetView]) -> TargetView:
-        return least_loaded(targets)
+    def select(self, request: RouteRequest, views: Sequence[RankView]) -> RankView:
+        return least_loaded(views)

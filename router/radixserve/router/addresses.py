@@ -1,8 +1,8 @@
-"""What the router routes to: a worker (one engine replica, by URL) and its DP-rank targets.
+"""How the router addresses what it routes to: a worker (by URL) and its DP ranks.
 
-A *target* is the unit a policy scores: `(worker url, dp_rank)`. A replica without data
-parallelism has one target (rank 0). Each target has its own KV-event stream (SGLang publishes
-one per attention-DP rank), hence its own mirror tree.
+A *rank* is one DP rank of one worker, keyed `(worker url, dp_rank)`: the unit a policy scores.
+A worker without data parallelism has one rank (0). Each rank has its own KV-event stream
+(SGLang publishes one per attention-DP rank), hence its own mirror tree.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-TargetKey = tuple[str, int]  # (worker url, dp_rank)
+RankKey = tuple[str, int]  # (worker url, dp_rank)
 
 
 @dataclass(frozen=True)
