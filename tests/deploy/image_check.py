@@ -53,9 +53,9 @@ NO_TORCH = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch
 HAS_TORCH = "import torch; print(torch.__version__)"
 # The CPU kernels build (g++ in the image) into the cache a pod mounts writable (~/.cache)
 HAS_KERNELS = (
-    "from radixserve.engine.attention.paged_cpu import load_paged_kernel; "
+    "from radixserve.kernels.cpu.paged_attention import load_paged_attention; "
     "from radixserve.kernels.cpu.fused_ops import load_fused_ops; "
-    "import sys; sys.exit(load_paged_kernel() is None or load_fused_ops() is None)"
+    "import sys; sys.exit(load_paged_attention() is None or load_fused_ops() is None)"
 )
 
 

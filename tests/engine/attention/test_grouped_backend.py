@@ -15,17 +15,16 @@ import dataclasses
 import random
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
 
 from radixserve.engine.attention import AttentionBackend, create_attention_backend
 from radixserve.engine.attention.grouped_backend import GroupedAttnBackend
-from radixserve.engine.attention.paged_cpu import load_paged_kernel
 from radixserve.engine.layers.radix_attention import RadixAttention
 from radixserve.engine.mem_cache import MHATokenToKVPool, ReqToTokenPool, create_allocator
 from radixserve.engine.model_executor.forward_batch import ForwardBatch, ForwardMode
+from radixserve.kernels.cpu.paged_attention import load_paged_attention
 from tests.kernels.amx import cpu_has_amx
 
 HEAD_DIM = 64
@@ -197,7 +196,7 @@ def test_extends_sharing_a_cached_prefix_match_the_reference(
     fb = make_batch(
         pools, ForwardMode.EXTEND, [1, 2, 3, 9], [shared, shared, shared, 0], [5, 17, 9, 30]
     )
-    backend = GroupedAttnBackend(load_paged_kernel())
+    backend = GroupedAttnBackend(load_paged_attention())
     backend.init_forward_metadata(fb)
     groups = backend._metadata(fb).prefix_groups
     assert [(g.slots.numel(), g.members) for g in groups] == [(shared, (0, 1, 2))]
@@ -263,42 +262,4 @@ def test_forward_without_metadata_is_an_error() -> None:
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler: PyTorch path only")
 def test_the_kernel_builds_where_a_compiler_is() -> None:
     """Where g++ is, the default grouped backend must not silently fall back."""
-    assert load_paged_kernel() is not None
-
-
-@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler: PyTorch path only")
-def test_the_kernel_builds_into_an_empty_cache_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A fresh machine: the cache folder is created, the library built once, then reused."""
-    from radixserve.engine.attention.paged_cpu import SOURCE
-    from radixserve.kernels.cpu.build import build_library
-
-    monkeypatch.setenv("RADIXSERVE_KERNEL_CACHE", str(tmp_path / "kernels"))
-    first = build_library(SOURCE)
-    assert first.parent == tmp_path / "kernels" and first.is_file()
-    built_at = first.stat().st_mtime_ns
-    assert build_library(SOURCE) == first and first.stat().st_mtime_ns == built_at
-
-
-@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler: PyTorch path only")
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_kernel_kv_store_matches_indexed_assignment(dtype: torch.dtype) -> None:
-    """The kernel's KV write (rows of a fused qkv output to pool slots) against torch's
-    indexed assignment; a slot outside the pool is an error and writes nothing."""
-    kernel = load_paged_kernel()
-    assert kernel is not None
-    gen = torch.Generator().manual_seed(3)
-    qkv = torch.randn(7, 9 * HEAD_DIM + 2 * 3 * HEAD_DIM, generator=gen).to(dtype)
-    _, k, v = qkv.split([9 * HEAD_DIM, 3 * HEAD_DIM, 3 * HEAD_DIM], dim=-1)
-    loc = torch.tensor([5, 1, 17, 2, 30, 9, 8])
-    caches = [torch.zeros(32, 3, HEAD_DIM, dtype=dtype) for _ in range(4)]
-    assert kernel.store(k, v, caches[0], caches[1], loc)
-    caches[2][loc], caches[3][loc] = k.view(7, 3, HEAD_DIM), v.view(7, 3, HEAD_DIM)
-    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
-    before = caches[0].clone()
-    with pytest.raises(IndexError, match="outside the pool"):
-        kernel.store(k, v, caches[0], caches[1], torch.tensor([0, 1, 2, 3, 4, 5, 32]))
-    assert torch.equal(caches[0], before)
-    # not the layout it copies (a non-int64 loc): False, nothing written
-    assert not kernel.store(k, v, caches[0], caches[1], loc.to(torch.int32))
+    assert load_paged_attention() is not None

@@ -10,11 +10,12 @@ without a cached prefix uses the causal kernel without an explicit mask. The req
 extend-like batch that add one token (the decodes of a MIXED batch) go through the batched
 decode path together.
 
-With the C++ kernel (`paged_cpu.py`, built where a compiler is) and CPU tensors, the one-token
-rows go through one kernel call per layer instead: it reads K/V from the pool's slots in place
-(no gather, no padding mask). Multi-token extends stay on SDPA (faster there: it blocks the
-queries of a request into matrix products; measured in docs/benchmarks.md), and the PyTorch
-decode path stays as the fallback where the kernel is missing or the tensors don't suit it.
+With the C++ kernel (`kernels/cpu/paged_attention.py`, built where a compiler is) and CPU
+tensors, the one-token rows go through one kernel call per layer instead: it reads K/V from
+the pool's slots in place (no gather, no padding mask). Multi-token extends stay on SDPA
+(faster there: it blocks the queries of a request into matrix products; measured in
+docs/benchmarks.md), and the PyTorch decode path stays as the fallback where the kernel is
+missing or the tensors don't suit it.
 
 Deterministic inference (`deterministic=True`, which needs the kernel): every query token,
 of a prefill chunk, an extend over a cached prefix or a decode, is one row of the kernel's
@@ -34,10 +35,14 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from radixserve.engine.attention import paged_cpu, shared_prefix
+from radixserve.engine.attention import shared_prefix
 from radixserve.engine.attention.base import AttentionBackend
-from radixserve.engine.attention.paged_cpu import PagedAttentionKernel
 from radixserve.engine.attention.shared_prefix import PrefixGroup
+from radixserve.kernels.cpu.paged_attention import (
+    SHARED_BLOCK,
+    SHARED_MAX_KEYS,
+    PagedAttentionKernel,
+)
 
 if TYPE_CHECKING:
     from radixserve.engine.layers.radix_attention import RadixAttention
@@ -197,7 +202,7 @@ class GroupedAttnBackend(AttentionBackend):
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         meta = build_metadata(forward_batch, self._deterministic)
-        if self._kernel is None or self._kernel.shared_fn is None or self._deterministic:
+        if self._kernel is None or not self._kernel.has_shared or self._deterministic:
             self._meta = meta
             return
         if meta.prefix_groups:
@@ -209,7 +214,7 @@ class GroupedAttnBackend(AttentionBackend):
             if table.shape[0] != rows.req_index.numel():  # MIXED: its one-token rows only
                 table = table.index_select(0, rows.req_index)
             found = shared_prefix.find_decode_prefix(
-                table, rows.seq_lens.tolist(), paged_cpu.SHARED_BLOCK, paged_cpu.SHARED_MAX_KEYS
+                table, rows.seq_lens.tolist(), SHARED_BLOCK, SHARED_MAX_KEYS
             )
             if found is not None:
                 meta = replace(meta, decode=replace(rows, shared=found))
@@ -331,8 +336,8 @@ class GroupedAttnBackend(AttentionBackend):
 
 def _group_rows(group: PrefixGroup, meta: ForwardMetadata) -> GroupRows | None:
     """The group's tokens as kernel rows, or None when its shared prefix is under a block."""
-    shared = min(group.slots.numel(), paged_cpu.SHARED_MAX_KEYS)
-    shared -= shared % paged_cpu.SHARED_BLOCK
+    shared = min(group.slots.numel(), SHARED_MAX_KEYS)
+    shared -= shared % SHARED_BLOCK
     if shared == 0:
         return None
     reqs = [meta.extend_reqs[i] for i in group.members]

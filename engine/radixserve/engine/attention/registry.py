@@ -1,7 +1,8 @@
 """Name → attention backend factory, called once by the ModelRunner at load. It picks no
 hardware itself: ServerArgs.resolved_attention_backend turns `auto` into a name per device,
 model_runner.py makes the other device choices (fused ops, CPU weight prepack, CUDA graphs),
-and some kernels check their tensors' device per call (paged_cpu, vocab_parallel)."""
+and some kernels check their tensors' device per call (the CPU paged attention,
+vocab_parallel)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,16 @@ from collections.abc import Callable
 
 from radixserve.engine.attention.base import AttentionBackend
 from radixserve.engine.attention.grouped_backend import GroupedAttnBackend
-from radixserve.engine.attention.paged_cpu import load_paged_kernel
 from radixserve.engine.attention.spec import AttentionSpec
 from radixserve.engine.attention.torch_backend import TorchNativeAttnBackend
+from radixserve.kernels.cpu.paged_attention import load_paged_attention
 
 
 def _grouped(spec: AttentionSpec | None) -> AttentionBackend:
     """The grouped backend with the C++ CPU kernel where it builds (PyTorch path otherwise;
     deterministic inference refuses to start without it)."""
     deterministic = spec is not None and spec.deterministic
-    kernel = load_paged_kernel()
+    kernel = load_paged_attention()
     if deterministic and kernel is None:
         raise RuntimeError(
             "enable_deterministic_inference: the C++ paged attention kernel could not be "

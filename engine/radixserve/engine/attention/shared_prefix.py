@@ -15,7 +15,8 @@ share at least MIN_PREFIX cached slots; `tests/engine/attention/test_grouped_bac
 compares it with the reference backend.
 
 Decode rows sharing a prefix get the same treatment inside the C++ kernel where the CPU has
-AMX (`find_decode_prefix` picks the rows once per forward; `paged_cpu.py` runs them).
+AMX (`find_decode_prefix` picks the rows once per forward; `kernels/cpu/paged_attention.py`
+runs them).
 """
 
 from __future__ import annotations

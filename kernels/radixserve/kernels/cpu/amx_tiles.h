@@ -13,10 +13,15 @@
 namespace radixserve_cpu {
 
 #if defined(RADIXSERVE_AMX)
-// Linux enables a process's AMX tile state on request (ARCH_REQ_XCOMP_PERM for
-// XFEATURE_XTILEDATA); oneDNN asks too, and asking twice is harmless.
+// Linux (5.16+) enables a process's AMX tile state only on request: arch_prctl's
+// ARCH_REQ_XCOMP_PERM (asm/prctl.h) for the XSAVE state component XFEATURE_XTILEDATA (the
+// tiles' 8 KiB of data; kernel-internal, so not in the uapi headers). Spelled out here
+// because older headers lack them. oneDNN asks too, and asking twice is harmless.
+constexpr int kArchReqXcompPerm = 0x1023;  // ARCH_REQ_XCOMP_PERM
+constexpr int kXfeatureXtiledata = 18;     // XFEATURE_XTILEDATA
+
 inline bool amx_ready() {
-  static const bool ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  static const bool ok = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
   return ok;
 }
 

@@ -6,7 +6,9 @@ written atomically, with a file lock so that parallel test processes build it on
 shares torch's OpenMP runtime (torch ships `libgomp.so.1` and the library asks for that
 soname), so `torch.set_num_threads` rules both. Without a compiler, or when a build fails,
 `load_library` returns None (a warning carries the compiler's error) and the caller keeps its
-PyTorch path (which is also the kernel's test oracle); `open_library` raises instead.
+PyTorch path (which is also the kernel's test oracle); `open_library` raises instead. What
+the bindings share about the entries' calls is here too: `bind` (argument types, an int
+result), `check_rc` (0 or a negative code) and `DTYPE_CODES`.
 """
 
 from __future__ import annotations
@@ -23,9 +25,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
+
 logger = logging.getLogger(__name__)
 
 KERNEL_DIR = Path(__file__).parent  # the .cpp sources and the headers they share
+# The `dtype` argument of the entries that take one (fused_ops.cpp, paged_attention.cpp).
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
 # -ffast-math only when compiling (vectorised exp, reassociated dot products): linking with it
 # would pull in crtfastmath.o, which turns on flush-to-zero for the whole process.

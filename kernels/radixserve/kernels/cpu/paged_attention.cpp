@@ -3,8 +3,8 @@
 // heads that share a KV head are scored against each key row once it is loaded).
 //
 // Plain C++ with OpenMP and no torch headers, so it compiles in about a second; the Python
-// side (paged_cpu.py) passes data pointers and shapes. The OpenMP runtime is the one torch
-// already loaded (same soname), so torch.set_num_threads governs both.
+// side (paged_attention.py) passes data pointers and shapes. The OpenMP runtime is the one
+// torch already loaded (same soname), so torch.set_num_threads governs both.
 //
 // Row r of the `nrows` query rows: q[r] is [Hq, D]; it attends keys 0 .. kv_len[r]-1 of
 // request kv_row[r], whose slots are slots[kv_row[r] * slots_stride + j]. A decode is one row
@@ -349,12 +349,25 @@ void dispatch(const void* q, const void* k, const void* v, const int64_t* slots,
   }
 }
 
+// The entries' return codes (paged_attention.py names them the same). Each entry returns
+// PAGED_OK or one of its own codes: store_kv's -1 is its own, not an unsupported dtype.
+enum PagedAttentionStatus : int {
+  PAGED_OK = 0,
+  PAGED_UNSUPPORTED_DTYPE = -1,  // radixserve_paged_attention: dtype neither 0 nor 1
+  SHARED_UNSUPPORTED = -2,       // radixserve_paged_attention_shared: the path does not apply
+  SHARED_PREFIX_MISMATCH = -3,   // .._shared: a member's keys do not start with the prefix
+  STORE_SLOT_OUT_OF_RANGE = -1,  // radixserve_store_kv: a slot of loc outside the pool
+};
+
+// A slot index's size: the prefix check compares slot rows byte for byte.
+constexpr int64_t kSlotBytes = sizeof(int64_t);
+
 }  // namespace
 
 extern "C" {
 
-// dtype: 0 = float32, 1 = bfloat16 (q, k, v and out share it). Returns 0, or -1 for an
-// unsupported dtype.
+// dtype: 0 = float32, 1 = bfloat16 (q, k, v and out share it). Returns PAGED_OK, or
+// PAGED_UNSUPPORTED_DTYPE.
 int radixserve_paged_attention(int dtype, const void* q, const void* k, const void* v,
                                const int64_t* slots, const int64_t* kv_row,
                                const int64_t* kv_len, void* out, int64_t nrows, int64_t hq,
@@ -366,21 +379,22 @@ int radixserve_paged_attention(int dtype, const void* q, const void* k, const vo
   } else if (dtype == 1) {
     dispatch<uint16_t>(q, k, v, slots, kv_row, kv_len, out, s, num_threads);
   } else {
-    return -1;
+    return PAGED_UNSUPPORTED_DTYPE;
   }
-  return 0;
+  return PAGED_OK;
 }
 
 // Stores n tokens' K and V rows (`row` elements each, rows `k_stride` / `v_stride` apart, as
 // views into a fused qkv output) at pool slots loc[0..n) (`kv_stride` elements apart): the
 // KV write of a forward, one copy per row instead of two indexed assignments. elem_size: 2
-// or 4 bytes. Returns 0, or -1 (writing nothing) when a slot is outside [0, num_slots).
+// or 4 bytes. Returns PAGED_OK, or STORE_SLOT_OUT_OF_RANGE (writing nothing) when a slot is
+// outside [0, num_slots).
 int radixserve_store_kv(int64_t elem_size, const void* k, const void* v, int64_t k_stride,
                         int64_t v_stride, void* k_cache, void* v_cache, int64_t kv_stride,
                         int64_t num_slots, const int64_t* loc, int64_t n, int64_t row,
                         int num_threads) {
   for (int64_t t = 0; t < n; ++t)
-    if (loc[t] < 0 || loc[t] >= num_slots) return -1;
+    if (loc[t] < 0 || loc[t] >= num_slots) return STORE_SLOT_OUT_OF_RANGE;
   auto kb = static_cast<const char*>(k);
   auto vb = static_cast<const char*>(v);
   auto kc = static_cast<char*>(k_cache);
@@ -391,16 +405,17 @@ int radixserve_store_kv(int64_t elem_size, const void* k, const void* v, int64_t
     std::memcpy(kc + loc[t] * kv_stride * elem_size, kb + t * k_stride * elem_size, bytes);
     std::memcpy(vc + loc[t] * kv_stride * elem_size, vb + t * v_stride * elem_size, bytes);
   }
-  return 0;
+  return PAGED_OK;
 }
 
 // 1 where this build and process can run the shared-prefix path (AMX tiles), else 0.
 int radixserve_paged_attention_has_shared() { return amx_available(); }
 
 // As radixserve_paged_attention (bfloat16 only), where the query rows `members` (n of them)
-// all start with the `prefix_len` slots `prefix_slots` (a multiple of 32). Returns 0; -2 where
-// the path does not apply (no AMX, dtype, head dim 64/128, query heads per KV head 1/2/3/4/8);
-// -3 where a member's keys do not start with the prefix.
+// all start with the `prefix_len` slots `prefix_slots` (a multiple of kPrefixBlock). Returns
+// PAGED_OK; SHARED_UNSUPPORTED where the path does not apply (no AMX, dtype, head dim 64/128,
+// query heads per KV head 1/2/3/4/8); SHARED_PREFIX_MISMATCH where a member's keys do not
+// start with the prefix (or a member is not a row).
 int radixserve_paged_attention_shared(int dtype, const void* q, const void* k, const void* v,
                                       const int64_t* slots, const int64_t* kv_row,
                                       const int64_t* kv_len, void* out, int64_t nrows,
@@ -412,16 +427,17 @@ int radixserve_paged_attention_shared(int dtype, const void* q, const void* k, c
   const bool groups_ok = hkv > 0 && hq % hkv == 0 && fast_groups(hq / hkv);
   if (dtype != 1 || (d != 64 && d != 128) || !groups_ok || prefix_len <= 0 ||
       prefix_len % kPrefixBlock != 0 || !amx_ready())
-    return -2;
+    return SHARED_UNSUPPORTED;
   // Every member's slot row must start with the prefix: checked once per slot row (the
   // tokens of one extend share theirs).
   int64_t checked_row = -1;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = members[i];
-    if (r < 0 || r >= nrows || kv_len[r] < prefix_len) return -3;
+    if (r < 0 || r >= nrows || kv_len[r] < prefix_len) return SHARED_PREFIX_MISMATCH;
     const int64_t row = kv_row[r];
     if (row == checked_row) continue;
-    if (std::memcmp(slots + row * slots_stride, prefix_slots, prefix_len * 8) != 0) return -3;
+    if (std::memcmp(slots + row * slots_stride, prefix_slots, prefix_len * kSlotBytes) != 0)
+      return SHARED_PREFIX_MISMATCH;
     checked_row = row;
   }
   const Shape s{nrows, hq, hkv, d, q_stride, kv_stride, slots_stride, scale};
@@ -435,13 +451,13 @@ int radixserve_paged_attention_shared(int dtype, const void* q, const void* k, c
   } else {
     attend_shared<128>(qt, kt, vt, slots, kv_row, kv_len, ot, s, sp, num_threads);
   }
-  return 0;
+  return PAGED_OK;
 #else
   (void)dtype; (void)q; (void)k; (void)v; (void)slots; (void)kv_row; (void)kv_len; (void)out;
   (void)nrows; (void)hq; (void)hkv; (void)d; (void)q_stride; (void)kv_stride;
   (void)slots_stride; (void)scale; (void)num_threads; (void)prefix_slots; (void)prefix_len;
   (void)members; (void)n;
-  return -2;
+  return SHARED_UNSUPPORTED;
 #endif
 }
 
