@@ -1,8 +1,8 @@
 """Publishes the radix cache's KV events over ZMQ, wire-compatible with SGLang's publisher.
 
-One publisher per scheduler process. Today an engine runs one scheduler (dp_rank 0, data
-parallelism is not built yet); the ports already follow the per-rank rule DP will use, PUB on
-port + 2 × dp_rank and replay on the next port:
+One publisher per DP rank, owned by that rank's attention-TP rank 0 (the other TP ranks of
+the rank hold the same cache and publish nothing). PUB on port + 2 × dp_rank and replay on
+the next port:
 - PUB on tcp://host:port: each batch as frames `[topic, seq (8-byte big-endian signed),
   payload (msgpack KVEventBatch, tagged-map events; `event_format="array"` for SGLang 0.5.6
   consumers)]`; seq counts from 0 per publisher (a restart starts again
