@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from radixserve.kernels.cpu.build import KERNEL_DIR, load_library
+from radixserve.kernels.cpu.dtype_codes import DTYPE_CODES
 
 SOURCE = KERNEL_DIR / "paged_attention.cpp"
-DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 _ARGTYPES: list[Any] = [
     ctypes.c_int,
     *[ctypes.c_void_p] * 7,

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from radixserve.kernels.cpu.build import KERNEL_DIR, bind, check_rc, load_library
+from radixserve.kernels.cpu.dtype_codes import DTYPE_CODES
 
 SOURCE = KERNEL_DIR / "fused_ops.cpp"
-DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES: dict[str, list[Any]] = {
     "radixserve_rmsnorm": [ctypes.c_int, *[_P] * 5, *[_I] * 4, ctypes.c_float, ctypes.c_int],
