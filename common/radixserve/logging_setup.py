@@ -157,7 +157,12 @@ def add_logging_args(parser: argparse.ArgumentParser) -> None:
         choices=LOG_FORMATS,
         help="text: key=value lines; json: one JSON object per line (stderr)",
     )
-    parser.add_argument("--log-level", choices=LOG_LEVELS, default=argparse.SUPPRESS)
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=argparse.SUPPRESS,
+        help="same as radixserve --log-level (default: that one, else warning)",
+    )
 
 
 # ---- progress bars ------------------------------------------------------------------------------

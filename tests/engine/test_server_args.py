@@ -6,20 +6,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import typing
 from typing import Any
 
 import pytest
 
-from radixserve.engine.configs.cli_args import (
-    add_server_args,
-    flag_type,
-    server_args_from_namespace,
-)
+from radixserve.engine.configs.cli_args import add_server_args, server_args_from_namespace
 from radixserve.engine.configs.server_args import (
+    A2A_BACKENDS,
     DTYPES,
     EVICTION_POLICIES,
-    POLICIES,
+    LOAD_BALANCE_METHODS,
+    SCHEDULE_POLICIES,
     ServerArgs,
 )
 
@@ -81,7 +78,7 @@ def test_boundary_values_are_accepted(kwargs: dict[str, Any]) -> None:
         assert getattr(args, name) == value
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", SCHEDULE_POLICIES)
 def test_every_policy_is_accepted(policy: str) -> None:
     assert ServerArgs(schedule_policy=policy).schedule_policy == policy
 
@@ -327,16 +324,24 @@ def test_every_field_has_a_flag_of_its_type() -> None:
 
 
 @pytest.mark.parametrize(
-    ("hint", "expected"),
+    ("flag", "field", "names"),
     [
-        (int, int),
-        (int | None, int),
-        (typing.Optional[float], float),  # noqa: UP045 - the spelling under test
-        (bool, bool),
-        (str | None, str),
-        (int | str, str),
-        (list[int], str),
+        ("--schedule-policy", "schedule_policy", SCHEDULE_POLICIES),
+        ("--dtype", "dtype", DTYPES),
+        ("--radix-eviction-policy", "radix_eviction_policy", EVICTION_POLICIES),
+        ("--moe-a2a-backend", "moe_a2a_backend", A2A_BACKENDS),
+        ("--load-balance-method", "load_balance_method", LOAD_BALANCE_METHODS),
     ],
 )
-def test_flag_type_of_resolved_annotations(hint: object, expected: type) -> None:
-    assert flag_type(hint) is expected
+def test_choice_flags_take_the_validated_names(
+    flag: str, field: str, names: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The flag offers the names ServerArgs accepts, and refuses another naming the flag."""
+    parser = argparse.ArgumentParser()
+    add_server_args(parser)
+    assert next(a for a in parser._actions if a.dest == field).choices == names
+    with pytest.raises(SystemExit):
+        parser.parse_args([flag, "nope"])
+    assert f"argument {flag}: invalid choice: 'nope'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=rf"^{field}: must be one of {', '.join(names)}, got"):
+        ServerArgs(**{field: "nope"})

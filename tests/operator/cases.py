@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 UID = "0c6b9f3e-5d0a-4d59-9a43-3f1b5a3a7e01"
@@ -78,3 +79,14 @@ CASES = {
     "smollm-autoscaled": SMOLLM_AUTOSCALED,
     "smollm-keys": SMOLLM_KEYS,
 }
+
+
+def spec_with(path: str, value: Any) -> dict[str, Any]:
+    """SMOLLM_CPU with the field at dotted `path` (e.g. "router.policy") set to `value`."""
+    spec = copy.deepcopy(SMOLLM_CPU)
+    *parents, leaf = path.split(".")
+    node = spec
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+    return spec

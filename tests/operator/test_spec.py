@@ -3,7 +3,6 @@ valid specs come through as frozen dataclasses."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from typing import Any
 
@@ -18,19 +17,9 @@ from radixserve.operator.schema import (
     SpecError,
 )
 from radixserve.operator.spec import parse_spec
-from tests.operator.cases import CASES, SMOLLM_CPU
+from tests.operator.cases import CASES, spec_with
 
 MODEL = {"name": "m", "source": {"builtin": "smollm2-135m"}}
-
-
-def _with(path: str, value: Any) -> dict[str, Any]:
-    spec = copy.deepcopy(SMOLLM_CPU)
-    *parents, leaf = path.split(".")
-    node = spec
-    for key in parents:
-        node = node.setdefault(key, {})
-    node[leaf] = value
-    return spec
 
 
 def test_minimal_spec_gets_the_crd_defaults() -> None:
@@ -102,13 +91,13 @@ def test_sample_specs_parse(case: str) -> None:
 )
 def test_invalid_values_name_their_field(path: str, value: Any, field: str) -> None:
     with pytest.raises(SpecError) as err:
-        parse_spec(_with(path, value), "chat")
+        parse_spec(spec_with(path, value), "chat")
     assert field in err.value.field, str(err.value)
     assert str(err.value).startswith(err.value.field)
 
 
 def test_gpus_must_cover_every_rank() -> None:
-    spec = _with("engine.parallelism", {"tp": 4})
+    spec = spec_with("engine.parallelism", {"tp": 4})
     spec["engine"] |= {"device": "cuda", "resources": {"gpus": 2}}
     with pytest.raises(SpecError, match="2 GPUs cannot hold 4 ranks") as err:
         parse_spec(spec, "chat")
@@ -116,7 +105,7 @@ def test_gpus_must_cover_every_rank() -> None:
 
 
 def test_chunk_smaller_than_a_page_is_refused() -> None:
-    spec = _with("engine.kvCache", {"pageSize": 64})
+    spec = spec_with("engine.kvCache", {"pageSize": 64})
     spec["engine"]["scheduler"] = {"chunkedPrefillSize": 32}
     with pytest.raises(SpecError, match="pageSize"):
         parse_spec(spec, "chat")

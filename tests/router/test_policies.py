@@ -8,7 +8,7 @@ import pytest
 
 from radixserve.router.circuit_breaker import BreakerState, CircuitBreaker
 from radixserve.router.config import RouterConfig
-from radixserve.router.policies import RankView, RouteRequest, make_policy
+from radixserve.router.policies import POLICIES, RankView, RouteRequest, make_policy
 from radixserve.router.policies.cache_aware import CacheAwarePolicy
 from radixserve.router.policies.cost import CostPolicy
 from radixserve.router.policies.simple import PowerOfTwoPolicy, RoundRobinPolicy
@@ -94,7 +94,7 @@ def test_power_of_two_never_picks_the_most_loaded_of_three() -> None:
     assert picks == {"http://b", "http://c"}
 
 
-@pytest.mark.parametrize("name", ["round_robin", "random", "power_of_two", "least_load", "cost"])
+@pytest.mark.parametrize("name", list(POLICIES))  # the registry: every --policy name
 def test_every_policy_handles_a_single_rank(name: str) -> None:
     policy = make_policy(RouterConfig(policy=name))
     only = view("only", load=100)

@@ -45,6 +45,8 @@ COLUMNS = (
 
 
 def add_offline_parser(sub: Any) -> None:
+    from radixserve.engine.configs.server_args import A2A_BACKENDS  # torch-free
+
     p = sub.add_parser(
         "offline", help="offline throughput on generated-shared-prefix, cache on/off"
     )
@@ -62,7 +64,7 @@ def add_offline_parser(sub: Any) -> None:
     p.add_argument("--dp-size", type=int, default=1)
     p.add_argument("--ep-size", type=int, default=1)
     p.add_argument("--enable-dp-attention", action="store_true")
-    p.add_argument("--moe-a2a-backend", default="none", choices=("none", "all_to_all"))
+    p.add_argument("--moe-a2a-backend", default="none", choices=A2A_BACKENDS)
     p.add_argument(
         "--modes",
         default="cache,nocache,cache-no-overlap",

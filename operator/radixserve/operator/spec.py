@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from radixserve.operator.flag_choices import ENGINE_POLICIES, ROUTER_POLICIES
 from radixserve.operator.schema import (
     Autoscaling,
     BuiltinSource,
@@ -32,8 +33,6 @@ from radixserve.operator.schema import (
     SpecError,
 )
 
-ENGINE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
-ROUTER_POLICIES = ("cache_aware", "cost", "round_robin", "random", "power_of_two", "least_load")
 DEVICES = ("cpu", "cuda")
 # Keys of radixserve.operator.autoscaling.METRICS (kept here: spec parsing imports no builder).
 AUTOSCALING_METRICS = ("requests", "queuedRequests", "kvTokenUsage")

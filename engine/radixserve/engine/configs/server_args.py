@@ -7,18 +7,19 @@ name the field, then passed down; lower layers receive only the slices they need
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from radixserve.config_options import check_choices, option
 from radixserve.engine.configs.cpu_features import check_cpu_bind, cpu_has_bf16
-from radixserve.logging_setup import LOG_FORMATS
-from radixserve.protocol.kv_events import parse_event_format
+from radixserve.logging_setup import LOG_FORMATS, LOG_LEVELS
+from radixserve.protocol.kv_events import EVENT_FORMATS
 
 if TYPE_CHECKING:  # model_config imports torch: the router's CLI parses engine flags too
     from radixserve.engine.configs.model_config import ModelConfig
 
-POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
+SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")  # scheduler.schedule_policy
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 EVICTION_POLICIES = ("lru", "lfu", "fifo")
 # CPU chunked prefill: about 128 tokens per core of a rank (256 on 2 cores, at most 2048), so a
@@ -27,97 +28,202 @@ EVICTION_POLICIES = ("lru", "lfu", "fifo")
 CPU_PREFILL_TOKENS_PER_CORE = 128
 CPU_CHUNKED_PREFILL_BOUNDS = (256, 2048)
 A2A_BACKENDS = ("none", "all_to_all")  # --moe-a2a-backend (layers.moe_dispatch)
-LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue")  # managers.data_parallel_controller
+LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue")  # tokenizer.data_parallel_controller
+API_KEY_ENV = "RADIXSERVE_API_KEY"  # how Kubernetes hands the engine a Secret (secretKeyRef)
 
 
 @dataclass(frozen=True, slots=True)
 class ServerArgs:
-    model_path: str = "smollm2-135m"
-    revision: str | None = None  # branch, tag or commit when model_path is a Hub repo id
-    served_model_name: str | None = None
-    dtype: str = "auto"  # auto: bfloat16 on GPUs and on CPUs with AVX-512 BF16 / AMX
-    device: str = "cpu"
-    random_seed: int = 0
+    """Every field is a flag of `radixserve serve` (radixserve.config_options): its help and
+    choices are in its metadata, and the choices are checked here too."""
+
+    model_path: str = option("smollm2-135m", "HF folder, .gguf file, or alias (smollm2-135m)")
+    revision: str | None = option(None, "branch, tag or commit when --model-path is a Hub repo id")
+    served_model_name: str | None = option(
+        None, "the model name the API reports and accepts (default: model path)"
+    )
+    dtype: str = option(
+        "auto",
+        "weights and activations (auto: bfloat16 on GPUs and on CPUs with AVX-512 BF16 / AMX, "
+        "else float32)",
+        choices=DTYPES,
+    )
+    device: str = option("cpu", "cpu, or cuda / cuda:N")
+    random_seed: int = option(0, "seed of torch's generator and of the random schedule policy")
     # KV memory
-    page_size: int = 1
-    max_total_tokens: int | None = None
-    mem_fraction_static: float | None = None  # None: 0.88 on GPU, 0.2 of free RAM on CPU
-    max_running_requests: int | None = None
+    page_size: int = option(1, "tokens per KV page")
+    max_total_tokens: int | None = option(
+        None, "KV pool size in tokens (default: from --mem-fraction-static)"
+    )
+    mem_fraction_static: float | None = option(
+        None, "KV pool share of memory (default: 0.88 of GPU, 0.2 of free RAM)"
+    )
+    max_running_requests: int | None = option(
+        None, "most requests decoding at once (default: from the pool size)"
+    )
     # scheduling
-    # None: on CPU 128 tokens per core of a rank within [256, 2048], off elsewhere; -1: off
-    chunked_prefill_size: int | None = None
-    max_prefill_tokens: int = 16384
-    schedule_policy: str = "lpm"  # cache-aware: longest cached prefix first
-    schedule_conservativeness: float = 1.0
-    enable_mixed_chunk: bool = False
-    max_queued_requests: int | None = None
-    disable_radix_cache: bool = False
-    radix_eviction_policy: str = "lru"
-    # Pin the cached prefix of waiting requests, up to this fraction of the pool (0: off;
-    # measured within the run-to-run noise under eviction, docs/benchmarks.md)
-    waiting_prefix_pin_fraction: float = 0.0
-    disable_overlap_schedule: bool | None = None  # None: off on CPU, where it costs
-    # Record radix-tree events; only the scheduler process's publisher (--kv-events-port) drains
-    # them, so enabling them without a port is refused (they would grow without bound).
-    enable_kv_events: bool = False
-    # auto: grouped on CPU; on CUDA flashinfer if installed, else triton; torch elsewhere
-    attention_backend: str = "auto"
-    # CUDA graphs for decode batches of up to cuda_graph_max_bs requests (None: 160, capped by
-    # the pool's rows); captured at start-up (model_executor/cuda_graph_runner.py)
-    cuda_graph_max_bs: int | None = None
-    disable_cuda_graph: bool = False
-    # fused RMSNorm / SiLU-and-mul / rotary ops in place of their PyTorch chains: C++ on the
-    # CPU (kernels/cpu/fused_ops.cpp), Triton on CUDA with the triton or flashinfer backend
-    # (kernels/fused_ops.py; plus the fused MoE with triton); on keeps PyTorch (the oracle)
-    disable_fused_ops: bool = False
+    chunked_prefill_size: int | None = option(
+        None,
+        "max tokens per prefill chunk; -1 disables (default: on CPU 128 per core of a rank, "
+        "within [256, 2048]; off elsewhere)",
+    )
+    max_prefill_tokens: int = option(16384, "most new tokens in one prefill batch")
+    schedule_policy: str = option(
+        "lpm",
+        "order in which waiting requests are admitted; lpm (longest cached prefix first) and "
+        "dfs-weight (shared prefixes together) are cache-aware",
+        choices=SCHEDULE_POLICIES,
+    )
+    schedule_conservativeness: float = option(
+        1.0,
+        "scales the output-length estimate that admission reserves room for (> 1: admit "
+        "fewer requests, retract less)",
+    )
+    enable_mixed_chunk: bool = option(
+        False, "run a prefill chunk and the running decodes in one forward"
+    )
+    max_queued_requests: int | None = option(
+        None, "waiting requests beyond this are refused with a 503"
+    )
+    disable_radix_cache: bool = option(
+        False, "no prefix reuse: each request's KV is freed when it finishes"
+    )
+    radix_eviction_policy: str = option(
+        "lru", "which cached prefixes are evicted first", choices=EVICTION_POLICIES
+    )
+    # measured within the run-to-run noise under eviction (docs/benchmarks.md)
+    waiting_prefix_pin_fraction: float = option(
+        0.0, "pin the cached prefixes of waiting requests, up to this fraction of the pool (0: off)"
+    )
+    # None: off on CPU, where the forward thread and the scheduler compete for the same cores
+    disable_overlap_schedule: bool | None = option(
+        None, "schedule the next batch after the forward, not during it (default: off on CPU)"
+    )
+    # Only the scheduler process's publisher (--kv-events-port) drains recorded events, so
+    # enabling them without a port is refused (they would grow without bound).
+    enable_kv_events: bool = option(
+        False, "record radix-tree KV events (implied by --kv-events-port, needs it)"
+    )
+    # not choices: the names are the attention registry's, which checks them at load
+    # (attention.registry; configs may not import it)
+    attention_backend: str = option(
+        "auto",
+        "auto (grouped on CPU; flashinfer, else triton, on CUDA) | grouped | torch | triton "
+        "| flashinfer",
+    )
+    # captured at start-up (model_executor/cuda_graph_runner.py), capped by the pool's rows
+    cuda_graph_max_bs: int | None = option(
+        None, "CUDA: capture decode graphs up to this batch size (default 160)"
+    )
+    disable_cuda_graph: bool = option(False, "CUDA: run decode eagerly, without captured graphs")
+    # fused ops: C++ on the CPU (kernels/cpu/fused_ops.cpp), Triton on CUDA with the triton or
+    # flashinfer backend (kernels/fused_ops.py; plus the fused MoE with triton); the PyTorch
+    # chains they replace are their oracle
+    disable_fused_ops: bool = option(
+        False, "PyTorch norm/SiLU/rotary/MoE, not the fused C++ (CPU) / Triton ops"
+    )
     # CPU bfloat16: projection weights packed once at load (layers/parallel_linear.py) for our
-    # AMX kernel where the CPU has AMX-BF16, else for oneDNN; off keeps plain weights and
-    # F.linear (the A/B). disable_amx_gemm packs for oneDNN even with AMX (the A/B of the kernel)
-    disable_weight_prepack: bool = False
-    disable_amx_gemm: bool = False
+    # AMX kernel where the CPU has AMX-BF16, else for oneDNN; the three switches are the A/Bs
+    disable_weight_prepack: bool = option(
+        False, "CPU bf16: plain weights and F.linear, not packed at load"
+    )
+    disable_amx_gemm: bool = option(
+        False,
+        "CPU bf16: the projections of a CPU without AMX (row-invariant kernel, or oneDNN) "
+        "even where the AMX kernel could run",
+    )
     # Where AMX does not run, CPUs with AVX512-BF16 pack for our row-invariant kernel
     # (kernels/cpu/rowwise_gemm.cpp: a token's projection is the same bits in any batch, and
-    # it matched oneDNN's speed); this flag keeps oneDNN there (the A/B)
-    disable_rowwise_gemm: bool = False
-    # Greedy output that does not depend on the batch a request ran in, on a cache hit or on
-    # chunking (SGLang's flag): every projection through a row-invariant kernel (AMX, else
+    # it matched oneDNN's speed)
+    disable_rowwise_gemm: bool = option(
+        False, "CPU bf16 without AMX: oneDNN projections, not our kernel"
+    )
+    # SGLang's flag: every projection through a row-invariant kernel (AMX, else
     # kernels/cpu/rowwise_gemm.cpp, never oneDNN) and every query token's attention through
-    # the paged kernel's one path (CPU, grouped backend). docs/determinism.md: what it costs
-    enable_deterministic_inference: bool = False
-    # CPU: leave the torch threads to the OS (none), or pin each scheduler process's threads
-    # to its share of the allowed CPUs (auto) or to per-process groups "0-3|4-7"
-    # (scheduler/cpu_binding.py; none is the default: measured no faster in serving here)
-    cpu_bind: str = "none"
+    # the paged kernel's one path. docs/determinism.md: what it costs
+    enable_deterministic_inference: bool = option(
+        False,
+        "greedy output independent of batching, cache hits and chunking (CPU, grouped "
+        "backend): row-invariant projections and one attention path for every token",
+    )
+    # scheduler/cpu_binding.py; none is the default: measured no faster in serving here
+    cpu_bind: str = option(
+        "none", "CPU: none (the OS places threads) | auto (pinned to own cores) | 0-3|4-7"
+    )
     # parallelism: one scheduler process per rank. Without DP attention dp_size independent
     # scheduling groups of tp_size ranks each; with it tp_size ranks in all, whose attention is
     # split into dp_size DP ranks of tp_size / dp_size ranks (SGLang's convention)
-    tp_size: int = 1
-    dp_size: int = 1
-    ep_size: int = 1
-    moe_a2a_backend: str = "none"  # EP dispatch: none (all-reduce) | all_to_all
-    load_balance_method: str = "round_robin"  # DP controller: round_robin | shortest_queue
-    enable_dp_attention: bool = False
+    tp_size: int = option(1, "tensor-parallel ranks (one scheduler process each)")
+    dp_size: int = option(
+        1, "data-parallel ranks: independent scheduling groups of tp_size ranks each"
+    )
+    ep_size: int = option(1, "expert-parallel ranks (divides tp_size and the expert count)")
+    moe_a2a_backend: str = option(
+        "none",
+        "EP dispatch: none (all-reduce of local experts' shares) or all_to_all",
+        choices=A2A_BACKENDS,
+    )
+    load_balance_method: str = option(
+        "round_robin",
+        "DP controller: round_robin, or shortest_queue (fewest in flight)",
+        choices=LOAD_BALANCE_METHODS,
+    )
+    enable_dp_attention: bool = option(
+        False, "attention, KV cache and scheduler per DP rank; MLP / MoE over the whole TP group"
+    )
     # serving
-    host: str = "127.0.0.1"
-    port: int = 30000
-    api_key: str | None = field(default=None, repr=False)  # or $RADIXSERVE_API_KEY; never logged
-    kv_events_port: int | None = None  # publish KV events on tcp://host:port (+1: replay)
-    kv_events_format: str = "map"  # map: SGLang 0.5.23 / vLLM 0.32 consumers; array: SGLang 0.5.6
-    skip_server_warmup: bool = False
-    # abuse limits (None: $RADIXSERVE_MAX_REQUEST_BODY_BYTES / $RADIXSERVE_HEADER_TIMEOUT_S, else
-    # 32 MiB / 30 s): a larger body is a 413; a connection whose headers take longer is closed
-    max_request_body_bytes: int | None = None
-    header_timeout_s: float | None = None
-    log_level: str = "warning"
-    log_format: str = "text"  # text | json (one JSON object per line)
-    log_requests: bool = False  # one INFO line per finished request (ids, tokens, latencies)
-    log_requests_text: bool = False  # ... with the prompt and output text (off: no user text)
-    # sampling defaults for unset request fields: auto (the model's generation_config.json),
-    # vllm (none: the engine's own), or a path (model_loader.generation_defaults)
-    generation_config: str = "auto"
+    host: str = option("127.0.0.1", "address the HTTP server binds")
+    port: int = option(30000, "HTTP port")
+    api_key: str | None = option(  # never in repr, so never logged
+        None,
+        "require 'Authorization: Bearer KEY' on every endpoint but /health",
+        env=API_KEY_ENV,
+        repr=False,
+    )
+    kv_events_port: int | None = option(
+        None, "publish radix-tree KV events on this port (replay on port + 1)"
+    )
+    kv_events_format: str = option(
+        "map",
+        "KV-event encoding: map (SGLang 0.5.23 / vLLM 0.32 consumers) or array (SGLang 0.5.6)",
+        choices=EVENT_FORMATS,
+    )
+    skip_server_warmup: bool = option(
+        False, "serve without first generating one token (the start-up check)"
+    )
+    # abuse limits
+    max_request_body_bytes: int | None = option(
+        None,
+        "a larger request body is a 413 (default: $RADIXSERVE_MAX_REQUEST_BODY_BYTES, else 32 MiB)",
+    )
+    header_timeout_s: float | None = option(
+        None,
+        "close a connection whose request headers take longer (default: "
+        "$RADIXSERVE_HEADER_TIMEOUT_S, else 30)",
+    )
+    # not choices: configure_logging takes any case of these
+    log_level: str = option("warning", " | ".join(LOG_LEVELS))
+    log_format: str = option(
+        "text",
+        "text: key=value lines; json: one JSON object per line (stderr)",
+        choices=LOG_FORMATS,
+    )
+    log_requests: bool = option(
+        False, "log one line per finished request (id, tokens, TTFT, e2e, finish)"
+    )
+    log_requests_text: bool = option(
+        False, "with --log-requests: also log the prompt and output text"
+    )
+    # model_loader.generation_defaults
+    generation_config: str = option(
+        "auto",
+        "sampling defaults for unset request fields: auto (the model's "
+        "generation_config.json; bundled SmolLM2: temperature 0.2, top_p 0.9), vllm (none), "
+        "or a folder / generation_config.json path",
+    )
 
     def __post_init__(self) -> None:
-        _check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        check_choices(self)
         _check(self.page_size >= 1, "page_size", f"must be ≥ 1, got {self.page_size}")
         check_cpu_bind(self.cpu_bind)
         for name in ("max_request_body_bytes", "header_timeout_s"):
@@ -144,11 +250,6 @@ class ServerArgs:
             f"must be ≥ 1, got {self.max_prefill_tokens}",
         )
         _check(
-            self.schedule_policy in POLICIES,
-            "schedule_policy",
-            f"must be one of {POLICIES}, got {self.schedule_policy!r}",
-        )
-        _check(
             self.schedule_conservativeness > 0,
             "schedule_conservativeness",
             f"must be > 0, got {self.schedule_conservativeness}",
@@ -164,18 +265,11 @@ class ServerArgs:
             f"must be in [0, 1], got {self.waiting_prefix_pin_fraction}",
         )
         _check(
-            self.radix_eviction_policy in EVICTION_POLICIES,
-            "radix_eviction_policy",
-            f"must be one of {EVICTION_POLICIES}, got {self.radix_eviction_policy!r}",
-        )
-        _check(
             not self.enable_kv_events or self.kv_events_port is not None,
             "enable_kv_events",
             "--enable-kv-events needs --kv-events-port: the publisher on that port is what "
             "drains the recorded events, which would otherwise grow without bound",
         )
-        parse_event_format(self.kv_events_format, "kv_events_format")
-        _check(self.log_format in LOG_FORMATS, "log_format", f"must be one of {LOG_FORMATS}")
         _check(
             self.generation_config in ("auto", "vllm") or Path(self.generation_config).exists(),
             "generation_config",
@@ -245,16 +339,6 @@ class ServerArgs:
             "ep_size",
             f"must divide tp_size ({self.tp_size}): each EP group is ep_size TP ranks, "
             f"got {self.ep_size}",
-        )
-        _check(
-            self.moe_a2a_backend in A2A_BACKENDS,
-            "moe_a2a_backend",
-            f"must be one of {A2A_BACKENDS}, got {self.moe_a2a_backend!r}",
-        )
-        _check(
-            self.load_balance_method in LOAD_BALANCE_METHODS,
-            "load_balance_method",
-            f"must be one of {LOAD_BALANCE_METHODS}, got {self.load_balance_method!r}",
         )
 
     @property

@@ -2,7 +2,8 @@
 
 The EP group's ranks each hold a contiguous `ExpertRange` (`ExpertRange.for_rank`). The hidden
 states entering the layer are the same on every rank of the group (tensor parallelism
-replicates them). Two dispatch modes, as SGLang's `--moe-a2a-backend`:
+replicates them). Two dispatch modes, as SGLang's `--moe-a2a-backend` (their names:
+`configs.server_args.A2A_BACKENDS`):
 
 - `none`: every rank runs its local experts on all tokens (choices of other ranks' experts add
   nothing), then a float32 all-reduce over the group sums the shares.
@@ -17,7 +18,7 @@ other and with one process. Runs in the scheduler process, inside the model's fo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,9 +26,6 @@ from radixserve.engine.distributed import GroupHandle
 
 if TYPE_CHECKING:
     from radixserve.engine.layers.moe import FusedMoE, TopKOutput
-
-A2ABackend = Literal["none", "all_to_all"]
-A2A_BACKENDS: tuple[A2ABackend, ...] = ("none", "all_to_all")
 
 
 def ep_moe_forward(

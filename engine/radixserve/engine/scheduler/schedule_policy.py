@@ -1,7 +1,8 @@
 """SchedulePolicy: the order in which waiting requests are offered to the PrefillAdder.
 
-fcfs (arrival order, default), lof (longest max_new_tokens first), random, and the
-cache-aware lpm (longest cached prefix first; FCFS above 128 waiting) and dfs-weight
+The names are `configs.server_args.SCHEDULE_POLICIES`: fcfs (arrival order), lof (longest
+max_new_tokens first), random, and the cache-aware lpm (the default: longest cached prefix
+first; FCFS above 128 waiting) and dfs-weight
 (depth-first over the radix tree, heavier subtrees first, so siblings sharing a prefix run
 together). Cache-aware policies also do in-batch prefix caching: of several waiting requests
 sharing an uncached prefix, later ones are held back so they hit the cache after the first.
