@@ -250,44 +250,25 @@ def test_server_args_are_frozen() -> None:
 # ---- KV events: recorded only where something drains them --------------------------------------
 
 
-def test_kv_events_without_a_port_are_refused() -> None:
-    """Only the publisher on --kv-events-port drains RadixCache.events: without it they grow."""
-    with pytest.raises(
-        ValueError, match=r"^enable_kv_events: --enable-kv-events needs --kv-events"
-    ):
-        ServerArgs(enable_kv_events=True)
+def test_kv_events_port_is_the_only_switch() -> None:
+    """--kv-events-port turns events on (SGLang has no separate switch); the old
+    --enable-kv-events, which the port implied, is gone."""
+    from radixserve.cli import build_parser
+
+    args = ServerArgs(kv_events_port=5557)
+    assert args.kv_events_port == 5557
+    with pytest.raises(TypeError):
+        ServerArgs(enable_kv_events=True)  # type: ignore[call-arg]  # the removed field
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--enable-kv-events"])
 
 
-def test_kv_events_with_a_port_are_accepted() -> None:
-    args = ServerArgs(enable_kv_events=True, kv_events_port=5557)
-    assert (args.enable_kv_events, args.kv_events_port) == (True, 5557)
-
-
-@pytest.mark.parametrize("engine_name", ["EngineCore", "Engine"])
-def test_offline_engines_refuse_kv_events_without_a_port(engine_name: str) -> None:
-    """Both offline engines validate their kwargs through ServerArgs before loading anything."""
-    import radixserve.engine  # torch: only for this test
-
-    engine_cls = getattr(radixserve.engine, engine_name)
-    with pytest.raises(ValueError, match=r"^enable_kv_events: "):
-        engine_cls(enable_kv_events=True)
-
-
-def test_in_process_engine_core_refuses_kv_events_even_with_a_port() -> None:
-    """EngineCore runs no publisher: events would pile up in RadixCache.events, port or not."""
+def test_in_process_engine_core_refuses_kv_events() -> None:
+    """EngineCore runs no publisher: events would pile up in RadixCache.events."""
     from radixserve.engine import EngineCore
 
-    with pytest.raises(ValueError, match=r"^enable_kv_events: EngineCore publishes no KV"):
-        EngineCore(enable_kv_events=True, kv_events_port=5557)
-    with pytest.raises(ValueError, match=r"^enable_kv_events: EngineCore publishes no KV"):
+    with pytest.raises(ValueError, match=r"^kv_events_port: EngineCore publishes no KV"):
         EngineCore(kv_events_port=5557)
-
-
-def test_serve_refuses_kv_events_without_a_port(capsys: pytest.CaptureFixture[str]) -> None:
-    from radixserve.cli import main
-
-    assert main(["serve", "--enable-kv-events"]) == 2
-    assert "radixserve: error: enable_kv_events: " in capsys.readouterr().err
 
 
 # ---- command-line flags (cli_args) -------------------------------------------------------------
@@ -320,7 +301,7 @@ def test_every_field_has_a_flag_of_its_type() -> None:
     assert actions["page_size"].type is int
     assert actions["mem_fraction_static"].type is float
     assert actions["served_model_name"].type is str
-    assert isinstance(actions["enable_kv_events"], argparse._StoreTrueAction)
+    assert isinstance(actions["disable_radix_cache"], argparse._StoreTrueAction)
 
 
 @pytest.mark.parametrize(

@@ -56,7 +56,6 @@ MANAGED_ENGINE_FLAGS = MappingProxyType(
         "--host": "the operator (0.0.0.0)",
         "--port": "the operator (30000)",
         "--kv-events-port": "the operator (5557)",
-        "--enable-kv-events": "the operator (implied by its --kv-events-port)",
         "--device": "spec.engine.device",
         "--tp-size": "spec.engine.parallelism.tp",
         "--dp-size": "spec.engine.parallelism.dp",

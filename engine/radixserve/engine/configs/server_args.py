@@ -99,11 +99,6 @@ class ServerArgs:
     disable_overlap_schedule: bool | None = option(
         None, "schedule the next batch after the forward, not during it (default: off on CPU)"
     )
-    # Only the scheduler process's publisher (--kv-events-port) drains recorded events, so
-    # enabling them without a port is refused (they would grow without bound).
-    enable_kv_events: bool = option(
-        False, "record radix-tree KV events (implied by --kv-events-port, needs it)"
-    )
     # not choices: the names are the attention registry's, which checks them at load
     # (attention.registry; configs may not import it)
     attention_backend: str = option(
@@ -263,12 +258,6 @@ class ServerArgs:
             0.0 <= self.waiting_prefix_pin_fraction <= 1.0,
             "waiting_prefix_pin_fraction",
             f"must be in [0, 1], got {self.waiting_prefix_pin_fraction}",
-        )
-        _check(
-            not self.enable_kv_events or self.kv_events_port is not None,
-            "enable_kv_events",
-            "--enable-kv-events needs --kv-events-port: the publisher on that port is what "
-            "drains the recorded events, which would otherwise grow without bound",
         )
         _check(
             self.generation_config in ("auto", "vllm") or Path(self.generation_config).exists(),

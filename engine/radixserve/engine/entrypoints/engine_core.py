@@ -32,9 +32,9 @@ class EngineCore:
             args = ServerArgs.from_kwargs(**kwargs)
             # Only the scheduler process's publisher drains RadixCache.events; in this process
             # nothing would, and the list would grow with every insert and eviction.
-            if args.enable_kv_events or args.kv_events_port is not None:
+            if args.kv_events_port is not None:
                 raise ValueError(
-                    "enable_kv_events: EngineCore publishes no KV events; use Engine or "
+                    "kv_events_port: EngineCore publishes no KV events; use Engine or "
                     "`radixserve serve` with --kv-events-port"
                 )
             _core = SchedulerCore(args)

@@ -78,7 +78,7 @@ class Scheduler:
             runner.allocator,
             args.page_size,
             args.radix_eviction_policy,
-            args.enable_kv_events,
+            args.kv_events_port is not None,  # this rank publishes: record events
         )
 
     @property

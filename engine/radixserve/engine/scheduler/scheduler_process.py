@@ -193,14 +193,12 @@ _OUTPUT_FIELDS = (
 def rank_args(args: ServerArgs, rank: RankSpec, dp_rank: int = 0) -> ServerArgs:
     """This rank's view: its own CUDA device; KV events only on attention-TP rank 0 of its DP
     rank (peers' trees are the same, and nothing would drain their events)."""
-    if args.kv_events_port is not None and not args.enable_kv_events:
-        args = replace(args, enable_kv_events=True)
     if args.device.startswith("cuda") and args.num_ranks > 1:
         # one device per process: DP attention's ranks are global, otherwise DP groups stack
         index = rank.tp_rank if rank.attn_dp_size > 1 else dp_rank * rank.tp_size + rank.tp_rank
         args = replace(args, device=f"cuda:{index}")
     if not rank.is_first:
-        args = replace(args, enable_kv_events=False, kv_events_port=None)
+        args = replace(args, kv_events_port=None)
     return args
 
 
