@@ -4,8 +4,9 @@
   invalid spec is written as Degraded and raised as `kopf.PermanentError`: never retried
   until the spec changes again.
 - one daemon per InferenceService re-applies the children (repairing drift) and refreshes
-  the status whenever a child changes (the `on.event` watchers wake it) and at least every
-  `resync_seconds`; it never raises, so an invalid spec causes no retry loop there either.
+  the status whenever a child changes (an `on.event` watcher on every kind in
+  `kinds.child_kinds` wakes it) and at least every `resync_seconds`; it never raises, so an
+  invalid spec causes no retry loop there either.
 - a call to the API that fails while the children are applied is written into the status
   before the pass is retried: Degraded (reason `ApplyFailed`, the message names the step and
   the error), at the generation tried; a Deployment that cannot be read is `Unknown`.
@@ -33,17 +34,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from radixserve.operator import relist
 from radixserve.operator.builders import build_children, child_refs
-from radixserve.operator.config import (
-    ANNOTATION_PREFIX,
-    API_VERSION,
-    FINALIZER,
-    GROUP,
-    KIND,
-    LABEL_OWNER,
-    PLURAL,
-    VERSION,
-    OperatorConfig,
-)
+from radixserve.operator.config import ANNOTATION_PREFIX, FINALIZER, LABEL_OWNER, OperatorConfig
+from radixserve.operator.kinds import DEPLOYMENT, INFERENCE_SERVICE, child_kinds
 from radixserve.operator.kube import ApplyError, ForeignObjectError, Kube, describe, owned_by
 from radixserve.operator.meta import Owner, engine_name, router_name
 from radixserve.operator.schema import InferenceServiceSpec, SpecError
@@ -51,14 +43,6 @@ from radixserve.operator.spec import parse_spec
 from radixserve.operator.status import Observation, Problem, compute_status, status_changed
 
 LoginFn = Callable[..., Any]
-CHILD_KINDS = (  # kopf resource specs of the kinds we create
-    ("apps", "v1", "deployments"),
-    ("autoscaling", "v2", "horizontalpodautoscalers"),
-    ("v1", "services"),
-    ("v1", "serviceaccounts"),
-    ("rbac.authorization.k8s.io", "v1", "roles"),
-    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
-)
 TRANSIENT = (ApiException, aiohttp.ClientError, asyncio.TimeoutError)
 log = logging.getLogger(__name__)
 
@@ -156,7 +140,7 @@ class Runtime:
 
     async def delete(self, body: kopf.Body, logger: Any, **_: Any) -> None:
         meta = body.meta
-        refs = child_refs(meta["name"], self.config.network_policy)
+        refs = child_refs(meta["name"], self.config)
         for api_version, kind, name in reversed(refs):
             live = await self.kube.get(api_version, kind, meta["namespace"], name)
             if live is not None and owned_by(live, meta["uid"]):
@@ -186,7 +170,9 @@ class Runtime:
 
     async def resync(self, namespace: str, name: str) -> None:
         """Level-based pass: the live object's spec onto the children, then the status."""
-        live = await self.kube.get(API_VERSION, KIND, namespace, name)
+        live = await self.kube.get(
+            INFERENCE_SERVICE.api_version, INFERENCE_SERVICE.kind, namespace, name
+        )
         if live is None or live["metadata"].get("deletionTimestamp"):
             return
         body = kopf.Body(live)
@@ -227,7 +213,7 @@ class Runtime:
                 raise ApplyError(f"apply {key}", exc) from exc
         # Children the spec no longer asks for (the HPA, after autoscaling is removed or the
         # service suspended): ours are deleted, anyone else's are left alone.
-        for api_version, kind, name in child_refs(owner.name, self.config.network_policy):
+        for api_version, kind, name in child_refs(owner.name, self.config):
             if (api_version, kind, name) in wanted:
                 continue
             try:
@@ -254,7 +240,7 @@ class Runtime:
     ) -> tuple[Mapping[str, Any] | None, str | None]:
         """(our Deployment or None, why it could not be read or None)."""
         try:
-            live = await self.kube.get("apps/v1", "Deployment", namespace, name)
+            live = await self.kube.get(DEPLOYMENT.api_version, DEPLOYMENT.kind, namespace, name)
         except TRANSIENT as exc:
             return None, describe(exc)
         return (live if live is not None and owned_by(live, owner_uid) else None), None
@@ -296,7 +282,7 @@ def register(
     """Put every handler of the operator into `registry`; returns their shared state."""
     relist.install()
     rt = Runtime(config, login)
-    isvc = (GROUP, VERSION, PLURAL)
+    isvc = INFERENCE_SERVICE.kopf_resource
     kopf.on.startup(registry=registry)(rt.startup)
     kopf.on.login(registry=registry)(rt.login)
     kopf.on.cleanup(registry=registry)(rt.cleanup)
@@ -305,7 +291,8 @@ def register(
     kopf.on.update(*isvc, registry=registry, id="update", backoff=5, field="spec")(rt.reconcile)
     kopf.on.delete(*isvc, registry=registry, id="delete", backoff=5)(rt.delete)
     kopf.daemon(*isvc, registry=registry, id="resync", cancellation_timeout=5)(rt.resync_daemon)
-    for resource in CHILD_KINDS:
+    # Every kind the operator builds: a hand edit of any child wakes its owner's daemon.
+    for kind in child_kinds(config):
         owned = {LABEL_OWNER: kopf.PRESENT}
-        kopf.on.event(*resource, registry=registry, labels=owned)(rt.child_event)
+        kopf.on.event(*kind.kopf_resource, registry=registry, labels=owned)(rt.child_event)
     return rt
