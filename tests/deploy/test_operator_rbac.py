@@ -80,13 +80,13 @@ def test_operator_may_manage_every_child_it_builds(
 
 @pytest.mark.parametrize("mode", ["clusterwide", "namespaced"])
 def test_operator_may_watch_every_child_kind_it_handles(mode: str) -> None:
-    from radixserve.operator.handlers import CHILD_KINDS
+    from radixserve.operator.config import OperatorConfig
+    from radixserve.operator.kinds import child_kinds
 
     granted = _operator_rule_sets()[mode]
-    for spec in CHILD_KINDS:
-        group = spec[0] if len(spec) == 3 else ""
-        missing = {v for v in WATCH_VERBS if (group, spec[-1], v) not in granted}
-        assert not missing, f"{mode}: kopf cannot {missing} {spec[-1]}"
+    for kind in child_kinds(OperatorConfig(network_policy=True)):
+        missing = {v for v in WATCH_VERBS if (kind.group, kind.plural, v) not in granted}
+        assert not missing, f"{mode}: kopf cannot {missing} {kind.plural}"
 
 
 @pytest.mark.parametrize("mode", ["clusterwide", "namespaced"])

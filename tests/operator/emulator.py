@@ -34,6 +34,7 @@ RESOURCES: dict[str, dict[str, Any]] = {
     "v1/serviceaccounts": {"kind": "ServiceAccount", "subresources": set()},
     "rbac.authorization.k8s.io/v1/roles": {"kind": "Role", "subresources": set()},
     "rbac.authorization.k8s.io/v1/rolebindings": {"kind": "RoleBinding", "subresources": set()},
+    "networking.k8s.io/v1/networkpolicies": {"kind": "NetworkPolicy", "subresources": set()},
     "v1/events": {"kind": "Event", "subresources": set()},
 }
 # Cluster-scoped kinds kopf waits for in discovery before it starts watching.

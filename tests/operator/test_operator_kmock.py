@@ -109,8 +109,9 @@ def condition(isvc: dict[str, Any] | None, kind: str) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def operator(calls: list[str] | None = None) -> AsyncIterator[Cluster]:
-    """An emulated API server with the operator running against it."""
+async def operator(config: OperatorConfig | None = None) -> AsyncIterator[Cluster]:
+    """An emulated API server with the operator running against it (by default with the
+    default settings, but a resync every half second)."""
     async with ApiServer() as api, kmock.Server(api):
         api.declare_resources()
         url = str(api.url).rstrip("/")
@@ -119,7 +120,7 @@ async def operator(calls: list[str] | None = None) -> AsyncIterator[Cluster]:
         def login(**_: Any) -> kopf.ConnectionInfo:  # read at call time: this emulator's URL
             return kopf.ConnectionInfo(server=url)
 
-        register(registry, OperatorConfig(resync_seconds=0.5), login=login)
+        register(registry, config or OperatorConfig(resync_seconds=0.5), login=login)
         stop, ready = asyncio.Event(), asyncio.Event()
         task = asyncio.create_task(
             kopf.operator(

@@ -87,7 +87,8 @@ def test_network_policy_admits_only_the_router_on_every_engine_port(case: dict[s
     assert len(policies) == 1
     policy = policies[0]
     kubernetes_validate.validate(policy, K8S, strict=True)
-    assert ("networking.k8s.io/v1", "NetworkPolicy", "chat-engine") in child_refs("chat", True)
+    refs = child_refs("chat", OperatorConfig(network_policy=True))
+    assert ("networking.k8s.io/v1", "NetworkPolicy", "chat-engine") in refs
     deployments = {c["metadata"]["name"]: c for c in children if c["kind"] == "Deployment"}
     engine = deployments["chat-engine"]["spec"]["template"]
     router = deployments["chat-router"]["spec"]["template"]

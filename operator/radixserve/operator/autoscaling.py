@@ -13,12 +13,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from radixserve.operator.config import API_VERSION, KIND
+from radixserve.operator.kinds import HPA, INFERENCE_SERVICE
 from radixserve.operator.meta import ENGINE, Owner, object_meta
 from radixserve.operator.schema import Autoscaling, InferenceServiceSpec
-
-HPA_API_VERSION = "autoscaling/v2"
-HPA_KIND = "HorizontalPodAutoscaler"
 
 
 @dataclass(frozen=True)
@@ -99,11 +96,10 @@ def horizontal_pod_autoscaler(owner: Owner, spec: InferenceServiceSpec) -> dict[
         return None
     metric = METRICS[a.metric]
     return {
-        "apiVersion": HPA_API_VERSION,
-        "kind": HPA_KIND,
+        **HPA.type_meta(),
         "metadata": object_meta(owner, hpa_name(owner.name), ENGINE),
         "spec": {
-            "scaleTargetRef": {"apiVersion": API_VERSION, "kind": KIND, "name": owner.name},
+            "scaleTargetRef": {**INFERENCE_SERVICE.type_meta(), "name": owner.name},
             "minReplicas": a.min_replicas,
             "maxReplicas": a.max_replicas,
             "metrics": [

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixserve.operator.autoscaling import (
-    HPA_API_VERSION,
-    HPA_KIND,
-    horizontal_pod_autoscaler,
-    hpa_name,
-)
+from radixserve.operator.autoscaling import horizontal_pod_autoscaler, hpa_name
 from radixserve.operator.config import OperatorConfig
 from radixserve.operator.engine_manifests import engine_deployment, engine_service
+from radixserve.operator.kinds import (
+    DEPLOYMENT,
+    HPA,
+    NETWORK_POLICY,
+    ROLE,
+    ROLE_BINDING,
+    SERVICE,
+    SERVICE_ACCOUNT,
+    ResourceKind,
+)
 from radixserve.operator.meta import Owner, engine_name, router_name
-from radixserve.operator.network_policy import API_VERSION as NETPOL_API_VERSION
-from radixserve.operator.network_policy import KIND as NETPOL_KIND
 from radixserve.operator.network_policy import engine_network_policy
 from radixserve.operator.router_manifests import (
     frontend_service,
@@ -30,8 +33,6 @@ from radixserve.operator.router_manifests import (
     router_service_account,
 )
 from radixserve.operator.schema import InferenceServiceSpec
-
-RBAC = "rbac.authorization.k8s.io/v1"
 
 
 def build_children(
@@ -46,25 +47,27 @@ def build_children(
         router_deployment(owner, spec, config.router_image),
         frontend_service(owner),
     ]
-    if config.network_policy:
+    if NETWORK_POLICY.is_built(config):
         children.append(engine_network_policy(owner, spec))
     hpa = horizontal_pod_autoscaler(owner, spec)
     return children if hpa is None else [*children, hpa]
 
 
-def child_refs(name: str, network_policy: bool = False) -> list[tuple[str, str, str]]:
+def child_refs(name: str, config: OperatorConfig | None = None) -> list[tuple[str, str, str]]:
     """(apiVersion, kind, name) of every child the operator may own, in build order (the
-    optional HPA last); needs no (valid) spec. The NetworkPolicy only when the operator
-    renders them (otherwise it may hold no rights on NetworkPolicies at all)."""
-    netpol = [(NETPOL_API_VERSION, NETPOL_KIND, engine_name(name))] if network_policy else []
-    return [
-        ("v1", "ServiceAccount", router_name(name)),
-        (RBAC, "Role", router_name(name)),
-        (RBAC, "RoleBinding", router_name(name)),
-        ("v1", "Service", engine_name(name)),
-        ("apps/v1", "Deployment", engine_name(name)),
-        ("apps/v1", "Deployment", router_name(name)),
-        ("v1", "Service", name),
-        *netpol,
-        (HPA_API_VERSION, HPA_KIND, hpa_name(name)),
+    optional HPA last); needs no (valid) spec. Only of the kinds an operator with `config`
+    (default: the default settings) builds: without the NetworkPolicy setting it may hold no
+    rights on NetworkPolicies at all."""
+    config = config or OperatorConfig()
+    refs: list[tuple[ResourceKind, str]] = [
+        (SERVICE_ACCOUNT, router_name(name)),
+        (ROLE, router_name(name)),
+        (ROLE_BINDING, router_name(name)),
+        (SERVICE, engine_name(name)),
+        (DEPLOYMENT, engine_name(name)),
+        (DEPLOYMENT, router_name(name)),
+        (SERVICE, name),
+        (NETWORK_POLICY, engine_name(name)),
+        (HPA, hpa_name(name)),
     ]
+    return [(kind.api_version, kind.kind, n) for kind, n in refs if kind.is_built(config)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from radixserve.operator.config import ENGINE_HTTP_PORT, KV_EVENTS_PORT
+from radixserve.operator.kinds import DEPLOYMENT, SERVICE
 from radixserve.operator.meta import (
     ENGINE,
     HOME,
@@ -203,8 +204,7 @@ def engine_deployment(owner: Owner, spec: InferenceServiceSpec, image: str) -> d
     surge = 0 if e.gpus else 1
     rolling = {"maxSurge": surge, "maxUnavailable": 1 - surge}
     return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
+        **DEPLOYMENT.type_meta(),
         "metadata": object_meta(owner, engine_name(owner.name), ENGINE),
         "spec": {
             "replicas": spec.engine_replicas,
@@ -229,8 +229,7 @@ def engine_service(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
         for name, port in kv_event_ports(spec.engine.parallelism.dp)
     ]
     return {
-        "apiVersion": "v1",
-        "kind": "Service",
+        **SERVICE.type_meta(),
         "metadata": object_meta(owner, engine_name(owner.name), ENGINE),
         "spec": {
             "clusterIP": "None",

@@ -1,11 +1,13 @@
 """The kopf handlers: thin glue between kopf's events and the pure builders / status code.
 
-- create / update (of `spec`) / resume: validate, apply every child, write status. An
-  invalid spec is written as Degraded and raised as `kopf.PermanentError`: never retried
-  until the spec changes again.
+- create / update (of `spec`) / resume and the resync daemon make the same pass (`converge`:
+  validate, apply every child, write status) and differ only in what they do when it
+  fails (`reconcile`, `resync`). An invalid spec is written as Degraded and raised by the
+  handler as `kopf.PermanentError`: never retried until the spec changes again.
 - one daemon per InferenceService re-applies the children (repairing drift) and refreshes
-  the status whenever a child changes (the `on.event` watchers wake it) and at least every
-  `resync_seconds`; it never raises, so an invalid spec causes no retry loop there either.
+  the status whenever a child changes (an `on.event` watcher on every kind in
+  `kinds.child_kinds` wakes it) and at least every `resync_seconds`; it never raises, so an
+  invalid spec causes no retry loop there either.
 - a call to the API that fails while the children are applied is written into the status
   before the pass is retried: Degraded (reason `ApplyFailed`, the message names the step and
   the error), at the generation tried; a Deployment that cannot be read is `Unknown`.
@@ -33,17 +35,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from radixserve.operator import relist
 from radixserve.operator.builders import build_children, child_refs
-from radixserve.operator.config import (
-    ANNOTATION_PREFIX,
-    API_VERSION,
-    FINALIZER,
-    GROUP,
-    KIND,
-    LABEL_OWNER,
-    PLURAL,
-    VERSION,
-    OperatorConfig,
-)
+from radixserve.operator.config import ANNOTATION_PREFIX, FINALIZER, LABEL_OWNER, OperatorConfig
+from radixserve.operator.kinds import DEPLOYMENT, INFERENCE_SERVICE, child_kinds
 from radixserve.operator.kube import ApplyError, ForeignObjectError, Kube, describe, owned_by
 from radixserve.operator.meta import Owner, engine_name, router_name
 from radixserve.operator.schema import InferenceServiceSpec, SpecError
@@ -51,14 +44,6 @@ from radixserve.operator.spec import parse_spec
 from radixserve.operator.status import Observation, Problem, compute_status, status_changed
 
 LoginFn = Callable[..., Any]
-CHILD_KINDS = (  # kopf resource specs of the kinds we create
-    ("apps", "v1", "deployments"),
-    ("autoscaling", "v2", "horizontalpodautoscalers"),
-    ("v1", "services"),
-    ("v1", "serviceaccounts"),
-    ("rbac.authorization.k8s.io", "v1", "roles"),
-    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
-)
 TRANSIENT = (ApiException, aiohttp.ClientError, asyncio.TimeoutError)
 log = logging.getLogger(__name__)
 
@@ -135,28 +120,55 @@ class Runtime:
 
     # --- InferenceService lifecycle ---------------------------------------------------
 
-    async def reconcile(self, body: kopf.Body, logger: Any, **_: Any) -> None:
+    async def converge(self, body: kopf.Body, logger: Any) -> None:
+        """One level-based pass over `body`, for the handlers and the resync alike: the spec
+        onto the children, then the status.
+
+        Every expected failure is in the status before it is raised: `SpecError` (Degraded,
+        `InvalidSpec`; the children of the last valid spec are left as they are),
+        `ForeignObjectError` (Degraded, `ForeignObject`) and `ApplyError` (Degraded,
+        `ApplyFailed`, as far as the API lets us write it). What to do about each is the
+        caller's policy: `reconcile` for kopf's handlers, `resync` for the daemon.
+        """
         try:
             spec = parse_spec(body.get("spec"), body.meta["name"])
         except SpecError as exc:
             await self.write_status(body, None, Problem("InvalidSpec", str(exc)))
-            raise kopf.PermanentError(f"invalid spec: {exc}") from exc
+            raise
         try:
             outcomes = await self.apply_children(body, spec)
         except ForeignObjectError as exc:
             await self.write_status(body, spec, Problem("ForeignObject", str(exc)))
-            raise kopf.TemporaryError(str(exc), delay=self.config.resync_seconds) from exc
+            raise
         except ApplyError as exc:
             await self.report_failure(body, spec, exc)
-            raise  # kopf retries the handler after its backoff
+            raise
         changed = {name: what for name, what in outcomes.items() if what != "unchanged"}
         if changed:
             logger.info("children: %s", ", ".join(f"{n} {w}" for n, w in changed.items()))
         await self.write_status(body, spec, None)
 
+    async def reconcile(self, body: kopf.Body, logger: Any, **_: Any) -> None:
+        """create, update (of `spec`) and resume: one `converge`, with kopf's retries.
+
+        Error policy: kopf runs this handler again after whatever it raises, until it
+        succeeds or raises `PermanentError`, and logs (and posts as an Event) each failure.
+        So an invalid spec is permanent: no retry can fix it, and kopf calls the handler
+        again on the next change of the spec. A foreign object in a child's place waits
+        `resync_seconds` between tries: only a person can remove it, and it carries none of
+        our labels, so no watch event says when. An `ApplyError` (or any other failed API
+        call) propagates as it is: kopf retries it after the handler's backoff.
+        """
+        try:
+            await self.converge(body, logger)
+        except SpecError as exc:
+            raise kopf.PermanentError(f"invalid spec: {exc}") from exc
+        except ForeignObjectError as exc:
+            raise kopf.TemporaryError(str(exc), delay=self.config.resync_seconds) from exc
+
     async def delete(self, body: kopf.Body, logger: Any, **_: Any) -> None:
         meta = body.meta
-        refs = child_refs(meta["name"], self.config.network_policy)
+        refs = child_refs(meta["name"], self.config)
         for api_version, kind, name in reversed(refs):
             live = await self.kube.get(api_version, kind, meta["namespace"], name)
             if live is not None and owned_by(live, meta["uid"]):
@@ -176,34 +188,34 @@ class Runtime:
                 wake.clear()
                 if stopped:
                     break
-                try:
-                    await self.resync(namespace, name)
-                except (*TRANSIENT, ApplyError, ForeignObjectError, kopf.TemporaryError) as exc:
-                    logger.warning("resync failed (will retry): %s", exc)
+                await self.resync(namespace, name, logger)
         finally:
             if self.wakeups.get(key) is wake:
                 del self.wakeups[key]
 
-    async def resync(self, namespace: str, name: str) -> None:
-        """Level-based pass: the live object's spec onto the children, then the status."""
-        live = await self.kube.get(API_VERSION, KIND, namespace, name)
-        if live is None or live["metadata"].get("deletionTimestamp"):
-            return
-        body = kopf.Body(live)
+    async def resync(self, namespace: str, name: str, logger: Any) -> None:
+        """The daemon's pass: one `converge` over the live object (read afresh, so the status
+        is compared with what is stored now).
+
+        Error policy: this never raises what a pass can expect. A daemon that raises is run
+        again only after kopf's backoff (the wake-ups meanwhile are lost) or, after
+        `PermanentError`, never: nothing would repair this service's drift then. An invalid
+        spec or a foreign object stays quiet: both are already in the status, and the
+        handler logged them and posted the Event; saying so again at every wake-up would
+        only flood the log. A failed API call is logged and left to the next wake-up or
+        resync period, which is the retry.
+        """
         try:
-            spec = parse_spec(live.get("spec"), name)
-        except SpecError as exc:  # already reported by the handler: only keep status true
-            await self.write_status(body, None, Problem("InvalidSpec", str(exc)))
-            return
-        try:
-            await self.apply_children(body, spec)
-        except ForeignObjectError as exc:
-            await self.write_status(body, spec, Problem("ForeignObject", str(exc)))
-            return
-        except ApplyError as exc:
-            await self.report_failure(body, spec, exc)
-            raise
-        await self.write_status(body, spec, None)
+            live = await self.kube.get(
+                INFERENCE_SERVICE.api_version, INFERENCE_SERVICE.kind, namespace, name
+            )
+            if live is None or live["metadata"].get("deletionTimestamp"):
+                return
+            await self.converge(kopf.Body(live), logger)
+        except (SpecError, ForeignObjectError):
+            return  # in the status already (see above)
+        except (*TRANSIENT, ApplyError, kopf.TemporaryError) as exc:
+            logger.warning("resync failed (will retry): %s", exc)
 
     async def child_event(self, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         """A child changed (or vanished): wake its owner's daemon."""
@@ -227,7 +239,7 @@ class Runtime:
                 raise ApplyError(f"apply {key}", exc) from exc
         # Children the spec no longer asks for (the HPA, after autoscaling is removed or the
         # service suspended): ours are deleted, anyone else's are left alone.
-        for api_version, kind, name in child_refs(owner.name, self.config.network_policy):
+        for api_version, kind, name in child_refs(owner.name, self.config):
             if (api_version, kind, name) in wanted:
                 continue
             try:
@@ -254,7 +266,7 @@ class Runtime:
     ) -> tuple[Mapping[str, Any] | None, str | None]:
         """(our Deployment or None, why it could not be read or None)."""
         try:
-            live = await self.kube.get("apps/v1", "Deployment", namespace, name)
+            live = await self.kube.get(DEPLOYMENT.api_version, DEPLOYMENT.kind, namespace, name)
         except TRANSIENT as exc:
             return None, describe(exc)
         return (live if live is not None and owned_by(live, owner_uid) else None), None
@@ -296,7 +308,7 @@ def register(
     """Put every handler of the operator into `registry`; returns their shared state."""
     relist.install()
     rt = Runtime(config, login)
-    isvc = (GROUP, VERSION, PLURAL)
+    isvc = INFERENCE_SERVICE.kopf_resource
     kopf.on.startup(registry=registry)(rt.startup)
     kopf.on.login(registry=registry)(rt.login)
     kopf.on.cleanup(registry=registry)(rt.cleanup)
@@ -305,7 +317,8 @@ def register(
     kopf.on.update(*isvc, registry=registry, id="update", backoff=5, field="spec")(rt.reconcile)
     kopf.on.delete(*isvc, registry=registry, id="delete", backoff=5)(rt.delete)
     kopf.daemon(*isvc, registry=registry, id="resync", cancellation_timeout=5)(rt.resync_daemon)
-    for resource in CHILD_KINDS:
+    # Every kind the operator builds: a hand edit of any child wakes its owner's daemon.
+    for kind in child_kinds(config):
         owned = {LABEL_OWNER: kopf.PRESENT}
-        kopf.on.event(*resource, registry=registry, labels=owned)(rt.child_event)
+        kopf.on.event(*kind.kopf_resource, registry=registry, labels=owned)(rt.child_event)
     return rt

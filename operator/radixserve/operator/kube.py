@@ -17,40 +17,17 @@ import json
 import os
 import tempfile
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
 import kopf
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from radixserve.operator.config import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from radixserve.operator.config import GROUP
+from radixserve.operator.kinds import BY_TYPE, INFERENCE_SERVICE
 
 LAST_APPLIED = f"{GROUP}/last-applied"
 MERGE_PATCH = "application/merge-patch+json"
-
-# (apiVersion, kind) → (URL prefix, plural): every kind the operator touches.
-RESOURCES: Mapping[tuple[str, str], tuple[str, str]] = MappingProxyType(
-    {
-        ("v1", "ServiceAccount"): ("/api/v1", "serviceaccounts"),
-        ("v1", "Service"): ("/api/v1", "services"),
-        ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
-        ("autoscaling/v2", "HorizontalPodAutoscaler"): (
-            "/apis/autoscaling/v2",
-            "horizontalpodautoscalers",
-        ),
-        ("rbac.authorization.k8s.io/v1", "Role"): ("/apis/rbac.authorization.k8s.io/v1", "roles"),
-        ("rbac.authorization.k8s.io/v1", "RoleBinding"): (
-            "/apis/rbac.authorization.k8s.io/v1",
-            "rolebindings",
-        ),
-        ("networking.k8s.io/v1", "NetworkPolicy"): (
-            "/apis/networking.k8s.io/v1",
-            "networkpolicies",
-        ),
-        (API_VERSION, KIND): (f"/apis/{GROUP}/{VERSION}", PLURAL),
-    }
-)
 
 
 class ForeignObjectError(RuntimeError):
@@ -86,8 +63,10 @@ class ApplyError(RuntimeError):
 
 
 def _path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
-    prefix, plural = RESOURCES[(api_version, kind)]
-    path = f"{prefix}/namespaces/{namespace}/{plural}"
+    """The URL of one namespaced object (or of its collection); only of the kinds in
+    `kinds.BY_TYPE`: those the operator builds, and the InferenceService."""
+    resource = BY_TYPE[(api_version, kind)]
+    path = f"{resource.url_prefix}/namespaces/{namespace}/{resource.plural}"
     return f"{path}/{name}" if name else path
 
 
@@ -296,5 +275,5 @@ class Kube:
 
     async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Any:
         meta = {"namespace": namespace, "name": name}
-        ref = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta}
+        ref = {**INFERENCE_SERVICE.type_meta(), "metadata": meta}
         return await self.patch(ref, {"status": dict(status)}, sub="status")

@@ -9,18 +9,15 @@ from typing import Any
 
 from radixserve.operator.config import ENGINE_HTTP_PORT
 from radixserve.operator.engine_manifests import kv_event_ports
+from radixserve.operator.kinds import NETWORK_POLICY
 from radixserve.operator.meta import ENGINE, ROUTER, Owner, engine_name, object_meta, selector
 from radixserve.operator.schema import InferenceServiceSpec
-
-API_VERSION = "networking.k8s.io/v1"
-KIND = "NetworkPolicy"
 
 
 def engine_network_policy(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
     ports = [ENGINE_HTTP_PORT] + [p for _, p in kv_event_ports(spec.engine.parallelism.dp)]
     return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
+        **NETWORK_POLICY.type_meta(),
         "metadata": object_meta(owner, engine_name(owner.name), ENGINE),
         "spec": {
             "podSelector": {"matchLabels": selector(owner.name, ENGINE)},

@@ -7,6 +7,7 @@ from types import MappingProxyType
 from typing import Any
 
 from radixserve.operator.config import ROUTER_PORT, SERVICE_PORT
+from radixserve.operator.kinds import DEPLOYMENT, ROLE, ROLE_BINDING, SERVICE, SERVICE_ACCOUNT
 from radixserve.operator.meta import (
     ROUTER,
     Owner,
@@ -53,8 +54,7 @@ def router_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
 
 def router_service_account(owner: Owner) -> dict[str, Any]:
     return {
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
+        **SERVICE_ACCOUNT.type_meta(),
         "metadata": object_meta(owner, router_name(owner.name), ROUTER),
     }
 
@@ -62,8 +62,7 @@ def router_service_account(owner: Owner) -> dict[str, Any]:
 def router_role(owner: Owner) -> dict[str, Any]:
     """Read-only, namespaced, EndpointSlices only: all the router needs to find engines."""
     return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
+        **ROLE.type_meta(),
         "metadata": object_meta(owner, router_name(owner.name), ROUTER),
         "rules": [
             {
@@ -78,11 +77,10 @@ def router_role(owner: Owner) -> dict[str, Any]:
 def router_role_binding(owner: Owner) -> dict[str, Any]:
     name = router_name(owner.name)
     return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
+        **ROLE_BINDING.type_meta(),
         "metadata": object_meta(owner, name, ROUTER),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
+        "roleRef": {"apiGroup": ROLE.group, "kind": ROLE.kind, "name": name},
+        "subjects": [{"kind": SERVICE_ACCOUNT.kind, "name": name, "namespace": owner.namespace}],
     }
 
 
@@ -114,8 +112,7 @@ def router_deployment(owner: Owner, spec: InferenceServiceSpec, image: str) -> d
     if env:
         container["env"] = env
     return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
+        **DEPLOYMENT.type_meta(),
         "metadata": object_meta(owner, router_name(owner.name), ROUTER),
         "spec": {
             "replicas": 0 if spec.suspend else spec.router.replicas,
@@ -138,8 +135,7 @@ def router_deployment(owner: Owner, spec: InferenceServiceSpec, image: str) -> d
 def frontend_service(owner: Owner) -> dict[str, Any]:
     """`X`: what clients call (port 80 → the routers' `http` port)."""
     return {
-        "apiVersion": "v1",
-        "kind": "Service",
+        **SERVICE.type_meta(),
         "metadata": object_meta(owner, owner.name, ROUTER),
         "spec": {
             "type": "ClusterIP",
