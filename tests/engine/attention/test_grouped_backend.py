@@ -22,9 +22,9 @@ import torch
 from radixserve.engine.attention import AttentionBackend, create_attention_backend
 from radixserve.engine.attention.grouped_backend import GroupedAttnBackend
 from radixserve.engine.attention.paged_cpu import load_paged_kernel
+from radixserve.engine.forward_batch import ForwardBatch, ForwardMode
 from radixserve.engine.layers.radix_attention import RadixAttention
 from radixserve.engine.mem_cache import MHATokenToKVPool, ReqToTokenPool, create_allocator
-from radixserve.engine.model_executor.forward_batch import ForwardBatch, ForwardMode
 from tests.kernels.amx import cpu_has_amx
 
 HEAD_DIM = 64
