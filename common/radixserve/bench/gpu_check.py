@@ -212,7 +212,7 @@ def weight_bytes_per_step(model: Any) -> int:
 def decode_steps(runner: Any, rows: list[int], ids: list[int], start: int, steps: int) -> Any:
     """`steps` greedy DECODE forwards of the batch; returns (seconds in forward+argmax, ids)."""
     from radixserve.bench.one_batch import _batch
-    from radixserve.engine.model_executor.forward_batch import ForwardMode
+    from radixserve.engine.forward_batch import ForwardMode
 
     bs, total = len(rows), 0.0
     for i in range(steps):
@@ -231,7 +231,7 @@ def decode_steps(runner: Any, rows: list[int], ids: list[int], start: int, steps
 def ours_at(runner: Any, bs: int, args: argparse.Namespace) -> dict[str, float]:
     """Prefill bs random prompts of args.context tokens, then eager and graph decode steps."""
     from radixserve.bench.one_batch import _batch
-    from radixserve.engine.model_executor.forward_batch import ForwardMode
+    from radixserve.engine.forward_batch import ForwardMode
 
     gen = torch.Generator().manual_seed(bs)
     prompts = torch.randint(0, args.vocab, (bs, args.context), generator=gen).tolist()

@@ -110,7 +110,7 @@ def _batch(runner: Any, mode: Any, reqs: dict[str, Any]) -> Any:
     """A ForwardBatch for the static batch (rows, prefix/extend lengths, new tokens)."""
     import torch
 
-    from radixserve.engine.model_executor.forward_batch import ForwardBatch
+    from radixserve.engine.forward_batch import ForwardBatch
 
     def t(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=runner.device)
@@ -208,7 +208,7 @@ def _shared_prefix(
 ) -> dict[str, Any]:
     """Prefill `tokens` in the first row, then map its slots into every other row (as a
     radix-cache hit does: the same KV slots, no copy)."""
-    from radixserve.engine.model_executor.forward_batch import ForwardMode
+    from radixserve.engine.forward_batch import ForwardMode
 
     n = len(tokens)
     reqs = {"rows": rows[:1], "prefix": [0], "extend": [n], "input_ids": tokens}
@@ -223,7 +223,7 @@ def _shared_prefix(
 
 def run_one_batch(args: argparse.Namespace) -> int:
     from radixserve.engine import EngineCore
-    from radixserve.engine.model_executor.forward_batch import ForwardMode
+    from radixserve.engine.forward_batch import ForwardMode
 
     bs, n_in, n_out, n_pre = args.batch_size, args.input_len, args.output_len, args.prefix_len
     if n_pre % args.page_size:

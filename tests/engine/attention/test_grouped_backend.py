@@ -21,9 +21,9 @@ import torch
 
 from radixserve.engine.attention import AttentionBackend, create_attention_backend
 from radixserve.engine.attention.grouped_backend import GroupedAttnBackend
+from radixserve.engine.forward_batch import ForwardBatch, ForwardMode
 from radixserve.engine.layers.radix_attention import RadixAttention
 from radixserve.engine.mem_cache import MHATokenToKVPool, ReqToTokenPool, create_allocator
-from radixserve.engine.model_executor.forward_batch import ForwardBatch, ForwardMode
 from radixserve.kernels.cpu.paged_attention import load_paged_attention
 from tests.kernels.amx import cpu_has_amx
 

@@ -133,8 +133,8 @@ def test_mixed_forward_matches_the_reference(page_size: int) -> None:
     """One MIXED forward (a new prefill chunk, a chunk over a cached prefix, three running
     decodes) through the triton backend and the torch reference on the same pool, float32."""
     from radixserve.engine.attention import create_attention_backend
+    from radixserve.engine.forward_batch import ForwardMode
     from radixserve.engine.layers.radix_attention import RadixAttention
-    from radixserve.engine.model_executor.forward_batch import ForwardMode
     from tests.engine.attention.test_grouped_backend import (
         HEAD_DIM,
         TOLERANCE,

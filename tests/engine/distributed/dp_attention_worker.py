@@ -27,8 +27,8 @@ def run_rank(rank: int, port: int, out_dir: str) -> None:
         destroy_parallel_groups,
         init_parallel_groups,
     )
-    from radixserve.engine.layers.dp_attention import DpAttentionMeta, dp_gather, dp_scatter
-    from radixserve.engine.model_executor.forward_batch import ForwardMode
+    from radixserve.engine.forward_batch import DpAttentionMeta, ForwardMode
+    from radixserve.engine.layers.dp_attention import dp_gather, dp_scatter
     from radixserve.engine.scheduler.dp_attention_sync import DpAttentionSync
     from radixserve.engine.scheduler.schedule_batch import ScheduleBatch
 

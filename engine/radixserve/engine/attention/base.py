@@ -1,23 +1,21 @@
-"""AttentionBackend: the contract between RadixAttention layers and a kernel implementation.
+"""AttentionBackend: the contract between the attention layers and a kernel implementation.
 
 Contract: `forward` first writes the new K/V at `forward_batch.out_cache_loc` into the KV
 pool, then attends each request's queries over its whole history, read through
 `forward_batch.kv_rows[i, :seq_lens[i]]`: the copy of `req_to_token[req_pool_indices[i]]` taken
 when the batch was built (under overlap the live rows may already hold the next batch's).
 `init_forward_metadata` runs once per forward (not per layer) and may precompute indices
-shared by all layers.
+shared by all layers. A backend sees its layer (`layers.radix_attention.RadixAttention`) only
+through the `forward_batch.AttentionLayer` Protocol: heads, head size, scale and layer id.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from radixserve.engine.layers.radix_attention import RadixAttention
-    from radixserve.engine.model_executor.forward_batch import ForwardBatch
+from radixserve.engine.forward_batch import AttentionLayer, ForwardBatch
 
 
 class AttentionBackend(ABC):
@@ -25,7 +23,7 @@ class AttentionBackend(ABC):
         """Per-forward precomputation; the default backend needs none."""
 
     def _write_kv(
-        self, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention, fb: ForwardBatch
+        self, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this forward's new K/V in the pool at `out_cache_loc`; the layer's whole
         (K, V) buffers, each [pool slots, Hkv, D]."""
@@ -39,7 +37,7 @@ class AttentionBackend(ABC):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        layer: RadixAttention,
+        layer: AttentionLayer,
         forward_batch: ForwardBatch,
     ) -> torch.Tensor:
         """q: [T, Hq·D], k/v: [T, Hkv·D] → [T, Hq·D]."""
@@ -53,7 +51,7 @@ class AttentionBackend(ABC):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        layer: RadixAttention,
+        layer: AttentionLayer,
         forward_batch: ForwardBatch,
     ) -> torch.Tensor:
         """EXTEND and MIXED batches: causal attention over cached prefix + new tokens."""
@@ -64,7 +62,7 @@ class AttentionBackend(ABC):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        layer: RadixAttention,
+        layer: AttentionLayer,
         forward_batch: ForwardBatch,
     ) -> torch.Tensor:
         """DECODE batches: one query per request over its whole history."""

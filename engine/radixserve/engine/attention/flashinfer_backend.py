@@ -16,16 +16,13 @@ Never run: the GPU machine this project borrows has no flashinfer (see docs/engi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from radixserve.engine.attention.base import AttentionBackend
 from radixserve.engine.attention.spec import AttentionSpec
-
-if TYPE_CHECKING:
-    from radixserve.engine.layers.radix_attention import RadixAttention
-    from radixserve.engine.model_executor.forward_batch import ForwardBatch
+from radixserve.engine.forward_batch import AttentionLayer, ForwardBatch
 
 WORKSPACE_BYTES = 256 * 1024 * 1024  # SGLang's default float workspace for these wrappers
 
@@ -92,7 +89,7 @@ class FlashInferAttnBackend(AttentionBackend):
         return self._prefill
 
     def _run(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer,
         fb: ForwardBatch,
     ) -> torch.Tensor:  # fmt: skip
         k_buf, v_buf = self._write_kv(k, v, layer, fb)
@@ -108,7 +105,7 @@ class FlashInferAttnBackend(AttentionBackend):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        layer: RadixAttention,
+        layer: AttentionLayer,
         forward_batch: ForwardBatch,
     ) -> torch.Tensor:
         return self._run(q, k, v, layer, forward_batch)
@@ -118,7 +115,7 @@ class FlashInferAttnBackend(AttentionBackend):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        layer: RadixAttention,
+        layer: AttentionLayer,
         forward_batch: ForwardBatch,
     ) -> torch.Tensor:
         return self._run(q, k, v, layer, forward_batch)

@@ -30,7 +30,6 @@ The reference backend (`torch_backend.py`) computes the same attention; tests co
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -38,15 +37,12 @@ import torch.nn.functional as F
 from radixserve.engine.attention import shared_prefix
 from radixserve.engine.attention.base import AttentionBackend
 from radixserve.engine.attention.shared_prefix import PrefixGroup
+from radixserve.engine.forward_batch import AttentionLayer, ForwardBatch
 from radixserve.kernels.cpu.paged_attention import (
     SHARED_BLOCK,
     SHARED_MAX_KEYS,
     PagedAttentionKernel,
 )
-
-if TYPE_CHECKING:
-    from radixserve.engine.layers.radix_attention import RadixAttention
-    from radixserve.engine.model_executor.forward_batch import ForwardBatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +221,7 @@ class GroupedAttnBackend(AttentionBackend):
         q: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        layer: RadixAttention,
+        layer: AttentionLayer,
         rows: DecodeRows,
     ) -> torch.Tensor:
         """q [b, Hq·D] (one token per request, rows may be strided) → [b, Hq, D]."""
@@ -250,7 +246,7 @@ class GroupedAttnBackend(AttentionBackend):
         return _grouped_decode(q, k_cache, v_cache, layer, rows)
 
     def _write_kv(
-        self, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention, fb: ForwardBatch
+        self, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The kernel's row copy where the pool suits it (CPU, one dtype), else the base's."""
         if self._kernel is not None:
@@ -267,7 +263,7 @@ class GroupedAttnBackend(AttentionBackend):
         v_cache: torch.Tensor,
         group: PrefixGroup,
         rows: GroupRows,
-        layer: RadixAttention,
+        layer: AttentionLayer,
     ) -> torch.Tensor | None:
         """The group's tokens through the kernel's shared entry ([N, Hq, D] in q_index order),
         or None where it does not apply (dtype, layout: the flash cascade runs instead)."""
@@ -290,7 +286,7 @@ class GroupedAttnBackend(AttentionBackend):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        layer: RadixAttention,
+        layer: AttentionLayer,
         forward_batch: ForwardBatch,
     ) -> torch.Tensor:
         meta = self._metadata(forward_batch)
@@ -304,7 +300,7 @@ class GroupedAttnBackend(AttentionBackend):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        layer: RadixAttention,
+        layer: AttentionLayer,
         forward_batch: ForwardBatch,
     ) -> torch.Tensor:
         fb = forward_batch
@@ -363,7 +359,7 @@ def _grouped_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    layer: RadixAttention,
+    layer: AttentionLayer,
     rows: DecodeRows,
 ) -> torch.Tensor:
     """q [b, Hq·D] (one token per request) → [b, Hq, D]."""
@@ -385,7 +381,7 @@ def _extend_group(  # noqa: PLR0913 - one argument per input of the call
     v_cache: torch.Tensor,
     group: PrefixGroup,
     meta: ForwardMetadata,
-    layer: RadixAttention,
+    layer: AttentionLayer,
 ) -> torch.Tensor:
     """The members of one shared-prefix group: [N, Hq, D] in the group's q_index order."""
     scale = layer.scaling
@@ -413,7 +409,7 @@ def _extend_one(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     req: ExtendRow,
-    layer: RadixAttention,
+    layer: AttentionLayer,
 ) -> torch.Tensor:
     """One request's new queries [ext, Hq, D] over its prefix + new keys → [ext, Hq, D]."""
     ki = k_cache.index_select(0, req.slots).transpose(0, 1).unsqueeze(0).to(q.dtype)

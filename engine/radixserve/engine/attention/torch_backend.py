@@ -7,16 +7,11 @@ Simple and exact: the oracle that any faster backend added to the registry is te
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 
 from radixserve.engine.attention.base import AttentionBackend
-
-if TYPE_CHECKING:
-    from radixserve.engine.layers.radix_attention import RadixAttention
-    from radixserve.engine.model_executor.forward_batch import ForwardBatch
+from radixserve.engine.forward_batch import AttentionLayer, ForwardBatch
 
 
 def _sdpa(
@@ -36,7 +31,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        layer: RadixAttention,
+        layer: AttentionLayer,
         forward_batch: ForwardBatch,
     ) -> torch.Tensor:
         fb = forward_batch
@@ -65,7 +60,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        layer: RadixAttention,
+        layer: AttentionLayer,
         forward_batch: ForwardBatch,
     ) -> torch.Tensor:
         fb = forward_batch

@@ -26,10 +26,9 @@ import torch
 
 from radixserve.engine.attention.base import AttentionBackend
 from radixserve.engine.attention.spec import AttentionSpec
+from radixserve.engine.forward_batch import AttentionLayer, ForwardBatch
 
 if TYPE_CHECKING:
-    from radixserve.engine.layers.radix_attention import RadixAttention
-    from radixserve.engine.model_executor.forward_batch import ForwardBatch
     from radixserve.kernels.layout import KvIndices
 
 # SGLang's default split count on GPUs; fewer on the interpreter, where programs run one by one.
@@ -151,7 +150,7 @@ class TritonAttnBackend(AttentionBackend):
     # ---- per layer ----
 
     def _store(
-        self, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention, fb: ForwardBatch
+        self, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         k = k.view(-1, layer.num_kv_heads, layer.head_dim)
         v = v.view(-1, layer.num_kv_heads, layer.head_dim)
@@ -169,7 +168,7 @@ class TritonAttnBackend(AttentionBackend):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        layer: RadixAttention,
+        layer: AttentionLayer,
         forward_batch: ForwardBatch,
     ) -> torch.Tensor:
         from radixserve.kernels.layout import PagedKv, RaggedKv
@@ -191,7 +190,7 @@ class TritonAttnBackend(AttentionBackend):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        layer: RadixAttention,
+        layer: AttentionLayer,
         forward_batch: ForwardBatch,
     ) -> torch.Tensor:
         from radixserve.kernels.layout import PagedKv

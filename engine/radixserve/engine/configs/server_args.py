@@ -27,7 +27,7 @@ EVICTION_POLICIES = ("lru", "lfu", "fifo")
 # of all after one long forward (mean TTFT), and running decodes wait at most one chunk.
 CPU_PREFILL_TOKENS_PER_CORE = 128
 CPU_CHUNKED_PREFILL_BOUNDS = (256, 2048)
-A2A_BACKENDS = ("none", "all_to_all")  # --moe-a2a-backend (layers.moe_dispatch)
+A2A_BACKENDS = ("none", "all_to_all")  # --moe-a2a-backend (layers.moe.ep_moe_forward)
 LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue")  # tokenizer.data_parallel_controller
 API_KEY_ENV = "RADIXSERVE_API_KEY"  # how Kubernetes hands the engine a Secret (secretKeyRef)
 

@@ -14,50 +14,16 @@ as SGLang's DP padding modes, both exact (the chosen mode changes only how many 
 The MLP's row-parallel output is all-reduced over the world before the scatter, so every rank
 holds the full sum (a reduce-scatter would move fewer bytes; the result is the same). Ranks
 without work run IDLE batches of 0 tokens: they still join every collective. Runs inside the
-model's forward in each scheduler process; the scheduler fills `DpAttentionMeta` each step.
+model's forward in each scheduler process; the scheduler sets each step's token counts
+(`forward_batch.DpAttentionMeta`, with the padding mode) on the batch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import torch
 
 from radixserve.engine.distributed import ParallelGroups
-
-PaddingMode = Literal["sum_len", "max_len"]
-
-
-@dataclass(frozen=True, slots=True)
-class DpAttentionMeta:
-    """One step's token counts of every DP rank (the same on every rank of the world)."""
-
-    dp_rank: int
-    num_tokens: tuple[int, ...]  # per DP rank
-    mode: PaddingMode
-
-    @classmethod
-    def create(cls, dp_rank: int, num_tokens: tuple[int, ...], any_extend: bool) -> DpAttentionMeta:
-        return cls(dp_rank, num_tokens, choose_padding_mode(num_tokens, any_extend))
-
-    @property
-    def total(self) -> int:
-        return sum(self.num_tokens)
-
-    @property
-    def local(self) -> slice:
-        """This DP rank's rows in the global batch."""
-        start = sum(self.num_tokens[: self.dp_rank])
-        return slice(start, start + self.num_tokens[self.dp_rank])
-
-
-def choose_padding_mode(num_tokens: tuple[int, ...], any_extend: bool) -> PaddingMode:
-    """max_len (all-gather) for decode-only steps whose padding at most doubles the bytes;
-    sum_len (all-reduce) otherwise: prefill counts differ widely between DP ranks."""
-    if any_extend:
-        return "sum_len"
-    return "max_len" if max(num_tokens) * len(num_tokens) <= 2 * sum(num_tokens) else "sum_len"
+from radixserve.engine.forward_batch import DpAttentionMeta
 
 
 def dp_gather(hidden: torch.Tensor, meta: DpAttentionMeta, groups: ParallelGroups) -> torch.Tensor:

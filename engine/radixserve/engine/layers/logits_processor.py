@@ -5,14 +5,12 @@ LM head. Logits are returned in float32 whatever the model dtype, for stable sam
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from radixserve.engine.layers.vocab_parallel import ParallelLMHead
-    from radixserve.engine.model_executor.forward_batch import ForwardBatch
+from radixserve.engine.forward_batch import ForwardBatch
+from radixserve.engine.layers.vocab_parallel import ParallelLMHead
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,13 +1,13 @@
 """Mixture-of-experts MLP in plain PyTorch: router top-k, tokens grouped by expert, one
-SiLU-gated MLP per expert, weighted combine; plus Qwen2-MoE's sigmoid gate on a shared expert.
+SiLU-gated MLP per expert, weighted combine; plus Qwen2-MoE's sigmoid gate on a shared expert;
+and expert parallelism, how one layer's tokens reach the EP ranks holding their experts.
 
 Owns the stacked expert weights (`w13 [E_local, 2I, H]` = gate rows then up rows,
 `w2 [E_local, H, I]`, the layout the Triton fused-MoE kernel takes) and their loading from
 per-expert checkpoint tensors. It is the reference that kernel is measured against. FusedMoE knows
 no parallel layout: an `ExpertRange` says which experts it holds (default all); the others'
-share of a token is left out, for expert parallelism (`layers.moe_dispatch`, which
-SparseMoeBlock calls) to sum across ranks. Runs in the
-scheduler process, inside the model's forward.
+share of a token is left out, for expert parallelism (`ep_moe_forward`, which SparseMoeBlock
+calls) to sum across ranks. Runs in the scheduler process, inside the model's forward.
 
 Algorithm. The T x top_k (token, choice) pairs are numbered row = t * top_k + j and sorted by
 expert (stable); each expert's contiguous run of rows gathers its tokens, runs
@@ -17,6 +17,21 @@ token's output. Experts with no tokens are skipped; a token never picks one expe
 `FusedMoE.fused` (`radixserve.kernels.fused_ops.TritonFusedOps`): the router's top-k and the
 experts then run as Triton kernels (sorted, block-padded rows; grouped GEMMs; weighted combine)
 with this code's roundings, and this code stays the path elsewhere.
+
+Expert parallelism. The EP group's ranks each hold a contiguous `ExpertRange`
+(`ExpertRange.for_rank`). The hidden states entering the layer are the same on every rank of
+the group (tensor parallelism replicates them). Two dispatch modes, as SGLang's
+`--moe-a2a-backend`:
+
+- `none`: every rank runs its local experts on all tokens (choices of other ranks' experts add
+  nothing), then a float32 all-reduce over the group sums the shares.
+- `all_to_all`: rank r takes its contiguous slice of the tokens, sends each (token, choice) row
+  only to the rank owning that expert (`all_to_all_single`: counts first, then rows and expert
+  ids), runs the rows it received through its experts, sends the results back the same way,
+  combines them weighted by the router, and an all-reduce of the slices rebuilds every token.
+
+Both give the sum of the same per-expert outputs in expert order, so they agree with each
+other and with one process.
 """
 
 from __future__ import annotations
@@ -31,7 +46,6 @@ from radixserve.engine.configs.model_config import MoEConfig
 from radixserve.engine.distributed import GroupHandle
 from radixserve.engine.layers.activation import SiluAndMul
 from radixserve.engine.layers.linear import Linear
-from radixserve.engine.layers.moe_dispatch import ep_moe_forward
 from radixserve.kernels.fused_ops_protocol import FusedMoeOps
 
 # Which third of an expert a checkpoint tensor is: w1 = gate, w3 = up, w2 = down (Mixtral's
@@ -190,13 +204,58 @@ class FusedMoE(nn.Module):
         target.data.copy_(part)
 
 
+def ep_moe_forward(
+    experts: FusedMoE,
+    hidden: torch.Tensor,
+    topk: TopKOutput,
+    ep: GroupHandle,
+    backend: str = "none",
+) -> torch.Tensor:
+    """hidden [T, H] (same on every EP rank) → the routed experts' weighted sum [T, H]."""
+    if ep.size == 1:
+        return experts(hidden, topk)
+    if backend == "all_to_all":
+        out = _all_to_all(experts, hidden, topk, ep)
+    else:
+        out = experts.forward_f32(hidden, topk)
+    return ep.all_reduce(out).to(hidden.dtype)
+
+
+def _token_slice(num_tokens: int, ep: GroupHandle) -> slice:
+    """This rank's share of the tokens it dispatches: contiguous, sizes differing by ≤ 1."""
+    return slice(ep.rank * num_tokens // ep.size, (ep.rank + 1) * num_tokens // ep.size)
+
+
+def _all_to_all(
+    experts: FusedMoE, hidden: torch.Tensor, topk: TopKOutput, ep: GroupHandle
+) -> torch.Tensor:
+    """float32 [T, H]: this rank's token slice combined, zero elsewhere (the caller sums)."""
+    mine = _token_slice(hidden.shape[0], ep)
+    ids, weights = topk.ids[mine], topk.weights[mine]
+    top_k = ids.shape[1]
+    flat_ids = ids.reshape(-1)
+    order = torch.argsort(flat_ids, stable=True)  # by expert, hence by owning rank
+    per_rank = experts.num_experts // ep.size
+    send = torch.bincount(flat_ids // per_rank, minlength=ep.size)
+    recv = ep.all_to_all(send, [1] * ep.size, [1] * ep.size)
+    send_counts, recv_counts = send.tolist(), recv.tolist()
+    tokens = order // top_k
+    rows = ep.all_to_all(hidden[mine][tokens], send_counts, recv_counts)
+    row_experts = ep.all_to_all(flat_ids[order], send_counts, recv_counts)
+    done = ep.all_to_all(experts.forward_rows(rows, row_experts), recv_counts, send_counts)
+    out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+    scaled = done.float() * weights.reshape(-1)[order, None]
+    out[mine].index_add_(0, tokens, scaled)
+    return out
+
+
 class SparseMoeBlock(nn.Module):
     """The MoE MLP of one decoder layer: `gate` (router, [E, H]), `experts`, and optionally a
     `shared_expert` (any dense MLP module [T, H] → [T, H], built by the model) every token
     passes through, scaled by sigmoid(`shared_expert_gate` · x) (Qwen2-MoE).
 
     Under expert parallelism (`ep` of size > 1) this rank holds its `ExpertRange.for_rank`
-    slice and `a2a_backend` (none | all_to_all, `layers.moe_dispatch`) joins the ranks' shares.
+    slice and `a2a_backend` (none | all_to_all, `ep_moe_forward`) joins the ranks' shares.
     """
 
     def __init__(

@@ -6,13 +6,10 @@ ForwardBatch to `forward_batch.attn_backend`, which reads and writes the paged K
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from radixserve.engine.model_executor.forward_batch import ForwardBatch
+from radixserve.engine.forward_batch import ForwardBatch
 
 
 class RadixAttention(nn.Module):

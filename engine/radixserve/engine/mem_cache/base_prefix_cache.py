@@ -3,17 +3,41 @@
 Ownership: KV slots in `prefix_indices` up to `req.cache_protected_len` belong to the cache
 (and are pinned by the request's lock on `req.last_node`); slots beyond belong to the request
 until `cache_unfinished_req` / `cache_finished_req` hands them over or frees them.
+
+The caches see a request (the scheduler's `Req`) only through `CachedReq`: the fields of that
+hand-over, and nothing of the scheduler.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from radixserve.engine.scheduler.req import Req
+
+class CachedReq(Protocol):
+    """What a prefix cache reads and writes on a request when its KV changes hands."""
+
+    # written by the hand-over
+    req_pool_idx: int | None  # its ReqToTokenPool row; None once freed
+    prefix_indices: torch.Tensor  # [n] int64 KV slots of the computed / cached prefix
+    last_node: Any  # the tree node its lock pins (None: no lock)
+    cache_protected_len: int  # leading slots of its row owned by the cache
+
+    @property
+    def fill_ids(self) -> list[int]:
+        """The tokens its last extend computed (prompt + outputs, possibly cut to a chunk)."""
+        ...
+
+    @property
+    def kv_allocated_len(self) -> int:
+        """Positions with a KV slot in its row."""
+        ...
+
+    def full_ids(self) -> list[int]:
+        """Prompt + outputs so far."""
+        ...
 
 
 class MatchResult(NamedTuple):
@@ -49,11 +73,11 @@ class BasePrefixCache(ABC):
         return peek
 
     @abstractmethod
-    def cache_unfinished_req(self, req: Req) -> None:
+    def cache_unfinished_req(self, req: CachedReq) -> None:
         """After a prefill or chunk: make req.fill_ids' KV reusable, update req.prefix_indices."""
 
     @abstractmethod
-    def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
+    def cache_finished_req(self, req: CachedReq, is_insert: bool = True) -> None:
         """At finish (or retraction when is_insert=False): hand over or free all of req's KV
         and its ReqToTokenPool row, and drop its lock."""
 

@@ -3,16 +3,16 @@ remembers a chunked request's own KV between chunks and frees everything at fini
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from radixserve.engine.mem_cache.allocator import BaseTokenAllocator
-from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache, MatchResult, PrefixPeek
+from radixserve.engine.mem_cache.base_prefix_cache import (
+    BasePrefixCache,
+    CachedReq,
+    MatchResult,
+    PrefixPeek,
+)
 from radixserve.engine.mem_cache.memory_pool import ReqToTokenPool
-
-if TYPE_CHECKING:
-    from radixserve.engine.scheduler.req import Req
 
 
 class ChunkCache(BasePrefixCache):
@@ -26,12 +26,12 @@ class ChunkCache(BasePrefixCache):
     def peek_prefix(self, key: list[int]) -> PrefixPeek:
         return PrefixPeek(0, None)
 
-    def cache_unfinished_req(self, req: Req) -> None:
+    def cache_unfinished_req(self, req: CachedReq) -> None:
         assert req.req_pool_idx is not None
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         req.prefix_indices = row[: len(req.fill_ids)].to(torch.int64).clone()
 
-    def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
+    def cache_finished_req(self, req: CachedReq, is_insert: bool = True) -> None:
         assert req.req_pool_idx is not None
         kv_len = req.kv_allocated_len
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]

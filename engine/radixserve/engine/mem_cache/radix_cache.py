@@ -18,20 +18,21 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
 from radixserve.engine.mem_cache.allocator import BaseTokenAllocator
-from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache, MatchResult, PrefixPeek
+from radixserve.engine.mem_cache.base_prefix_cache import (
+    BasePrefixCache,
+    CachedReq,
+    MatchResult,
+    PrefixPeek,
+)
 from radixserve.engine.mem_cache.evict_policy import eviction_key
 from radixserve.engine.mem_cache.memory_pool import ReqToTokenPool
 from radixserve.engine.mem_cache.tree_node import TreeNode
 from radixserve.protocol import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from radixserve.protocol.block_hash import digest_to_int64, hash_pages
-
-if TYPE_CHECKING:
-    from radixserve.engine.scheduler.req import Req
 
 
 class RadixCache(BasePrefixCache):
@@ -289,7 +290,7 @@ class RadixCache(BasePrefixCache):
 
     # ---- request hand-over --------------------------------------------------------------------
 
-    def cache_unfinished_req(self, req: Req) -> None:
+    def cache_unfinished_req(self, req: CachedReq) -> None:
         assert req.req_pool_idx is not None
         row = req.req_pool_idx
         ids = req.fill_ids
@@ -308,7 +309,7 @@ class RadixCache(BasePrefixCache):
         req.last_node = match.last_node
         req.cache_protected_len = len(tree_kv)
 
-    def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
+    def cache_finished_req(self, req: CachedReq, is_insert: bool = True) -> None:
         assert req.req_pool_idx is not None
         kv_len = req.kv_allocated_len
         kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, :kv_len].to(torch.int64).clone()

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import torch
 
 from radixserve.engine.attention.triton_backend import TritonAttnBackend
+from radixserve.engine.forward_batch import ForwardBatch, ForwardMode
 from radixserve.engine.layers.logits_processor import LogitsProcessorOutput
 from radixserve.engine.mem_cache import MHATokenToKVPool, ReqToTokenPool
-from radixserve.engine.model_executor.forward_batch import ForwardBatch, ForwardMode
 from radixserve.engine.models.base import CausalLM
 
 logger = logging.getLogger(__name__)

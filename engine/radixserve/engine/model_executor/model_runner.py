@@ -23,6 +23,7 @@ from radixserve.engine.configs.cpu_features import cpu_flags
 from radixserve.engine.configs.model_config import ModelConfig
 from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.distributed import ParallelGroups
+from radixserve.engine.forward_batch import ForwardBatch
 from radixserve.engine.layers.activation import SiluAndMul
 from radixserve.engine.layers.layernorm import RMSNorm
 from radixserve.engine.layers.logits_processor import LogitsProcessorOutput
@@ -39,7 +40,6 @@ from radixserve.engine.model_executor.cuda_graph_runner import (
     DEFAULT_MAX_BS as DEFAULT_GRAPH_MAX_BS,
 )
 from radixserve.engine.model_executor.cuda_graph_runner import CudaGraphRunner
-from radixserve.engine.model_executor.forward_batch import ForwardBatch
 from radixserve.engine.model_loader.loader import LoadedModelFiles
 from radixserve.engine.models import get_model_class
 from radixserve.engine.models.base import CausalLM

@@ -17,7 +17,7 @@ from radixserve.engine.sampling import SampleOutput, Sampler, SamplingBatchInfo
 if TYPE_CHECKING:
     import torch
 
-    from radixserve.engine.model_executor.forward_batch import ForwardBatch
+    from radixserve.engine.forward_batch import ForwardBatch
     from radixserve.engine.model_executor.model_runner import ModelRunner
 
 

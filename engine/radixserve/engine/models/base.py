@@ -7,15 +7,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:  # annotations only: model_executor sits above models in the layers
-    from radixserve.engine.layers.logits_processor import LogitsProcessorOutput
-    from radixserve.engine.model_executor.forward_batch import ForwardBatch
-    from radixserve.engine.model_loader.weight import Weight
+from radixserve.engine.forward_batch import ForwardBatch
+from radixserve.engine.layers.logits_processor import LogitsProcessorOutput
+from radixserve.engine.model_loader.weight import Weight
 
 
 class CausalLM(nn.Module, ABC):

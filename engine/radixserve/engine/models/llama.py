@@ -14,13 +14,13 @@ batch's rows once per forward and hands them to every layer.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from radixserve.engine.configs.model_config import ModelConfig
 from radixserve.engine.distributed import GroupHandle, ParallelGroups
+from radixserve.engine.forward_batch import ForwardBatch
 from radixserve.engine.layers.activation import SiluAndMul
 from radixserve.engine.layers.dp_attention import dp_gather, dp_scatter
 from radixserve.engine.layers.layernorm import RMSNorm
@@ -36,9 +36,6 @@ from radixserve.engine.layers.rotary_embedding import RotaryCosSin, RotaryEmbedd
 from radixserve.engine.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 from radixserve.engine.model_loader.weight import Weight, read_full, weight_shape
 from radixserve.engine.models.base import CausalLM
-
-if TYPE_CHECKING:  # annotations only: model_executor sits above models in the layers
-    from radixserve.engine.model_executor.forward_batch import ForwardBatch
 
 # checkpoint projection name → (fused parameter, shard index)
 _STACKED = {

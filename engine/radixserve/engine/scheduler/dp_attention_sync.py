@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from radixserve.engine.distributed import ParallelGroups
-from radixserve.engine.layers.dp_attention import DpAttentionMeta
+from radixserve.engine.forward_batch import DpAttentionMeta
 from radixserve.engine.scheduler.schedule_batch import ScheduleBatch
 
 

@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixserve.engine.forward_batch import ForwardBatch, ForwardMode
 from radixserve.engine.mem_cache.allocator import BaseTokenAllocator
 from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache
 from radixserve.engine.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-from radixserve.engine.model_executor.forward_batch import ForwardBatch, ForwardMode
 from radixserve.engine.scheduler.req import Req
 
 if TYPE_CHECKING:
     from radixserve.engine.attention.base import AttentionBackend
-    from radixserve.engine.layers.dp_attention import DpAttentionMeta
+    from radixserve.engine.forward_batch import DpAttentionMeta
 
 
 class OutOfKVMemoryError(RuntimeError):

@@ -15,13 +15,12 @@ from collections import deque
 from functools import partial
 
 from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.forward_batch import DpAttentionMeta, ForwardMode
 from radixserve.engine.ipc.finish_reason import FinishAbort
 from radixserve.engine.ipc.messages import LoadOutput, StateOutput
-from radixserve.engine.layers.dp_attention import DpAttentionMeta
 from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache
 from radixserve.engine.mem_cache.chunk_cache import ChunkCache
 from radixserve.engine.mem_cache.radix_cache import RadixCache
-from radixserve.engine.model_executor.forward_batch import ForwardMode
 from radixserve.engine.model_executor.model_runner import ModelRunner
 from radixserve.engine.model_executor.model_worker import GenerationBatch, ModelWorker
 from radixserve.engine.sampling import SamplingBatchInfo

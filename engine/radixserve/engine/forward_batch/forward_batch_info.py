@@ -3,20 +3,22 @@
 The scheduler's ScheduleBatch is CPU bookkeeping (Req objects); ForwardBatch holds only what a
 forward needs, already on the model's device. Every batch is described as a list of extends:
 request i computes positions [extend_prefix_lens[i], seq_lens[i]); a decode is an extend of one.
+
+It sits below attention, layers and models, which all read it, so what it carries from above
+is named by a Protocol: `AttentionForward` (the backend, `attention.AttentionBackend`) and the
+`AttentionLayer` that backend computes for (`layers.radix_attention.RadixAttention`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum, auto
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from radixserve.engine.attention.base import AttentionBackend
-    from radixserve.engine.layers.dp_attention import DpAttentionMeta
-    from radixserve.engine.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from radixserve.engine.forward_batch.dp_attention_meta import DpAttentionMeta
+from radixserve.engine.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 
 
 class ForwardMode(Enum):
@@ -35,6 +37,34 @@ class ForwardMode(Enum):
         return self is ForwardMode.IDLE
 
 
+class AttentionLayer(Protocol):
+    """What an attention backend reads from the layer it computes for: this rank's heads."""
+
+    @property
+    def layer_id(self) -> int: ...  # its K/V buffers in the pool
+    @property
+    def num_heads(self) -> int: ...  # query heads on this rank
+    @property
+    def num_kv_heads(self) -> int: ...  # KV heads on this rank
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def scaling(self) -> float: ...  # softmax scale of q·k
+
+
+class AttentionForward(Protocol):
+    """The attention backend as a batch carries it: the one call a layer makes through it."""
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: AttentionLayer,
+        forward_batch: ForwardBatch,
+    ) -> torch.Tensor: ...
+
+
 # Frozen: built once per batch by the scheduler, then only read (the overlap thread runs the
 # forward while the scheduler builds the next batch; a copy carries resolved input ids).
 @dataclass(frozen=True, slots=True)
@@ -51,7 +81,7 @@ class ForwardBatch:
     seq_lens_cpu: list[int]  # [B]
     req_to_token_pool: ReqToTokenPool  # the live rows (kernels index them by req_pool_indices)
     token_to_kv_pool: MHATokenToKVPool
-    attn_backend: AttentionBackend
+    attn_backend: AttentionForward
     # [B, max(seq_lens)] int64: a copy of each request's req_to_token row taken when the
     # batch was built, so the CPU may rewrite rows for the next batch during this forward.
     kv_rows: torch.Tensor
