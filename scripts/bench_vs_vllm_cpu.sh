@@ -6,10 +6,19 @@
 #   (b1) 32 concurrent requests, one shared 512-token system prompt + 32 own tokens, 64 output
 #        tokens each: the first pass (the server is fresh, so the prefix is cold)
 #   (b2) the same system prompt with new questions (--gsp-question-seed 2): the warm pass
+# FAMILY=closed runs the steady-traffic family instead: closed loops (a fixed number of
+# requests in flight, each replaced as it finishes: `--max-concurrency` with every request
+# queued at once), on random and shared-prefix prompts:
+#   c4-rand-1024-64   4 in flight, random 1,024-token prompts, 64 output tokens (16 requests)
+#   c16-rand-256-128  16 in flight, random 256 -> 128 (48 requests)
+#   c32-rand-64-256   32 in flight, random 64 -> 256 (64 requests)
+#   c16-gsp-512-128   16 in flight, 4 shared 512-token system prompts + 64 own tokens -> 128
+#   c32-gsp-1024-32   32 in flight, 2 shared 1,024-token system prompts + 32 own tokens -> 32
 # One server at a time (two servers on the same cores measure neither), each started fresh per
 # round, the order alternating (odd rounds vLLM first). Run it on an otherwise idle machine.
 #
-#   PEERS_DIR=/some/scratch scripts/bench_vs_vllm_cpu.sh [ROUNDS]     (default 8)
+#   PEERS_DIR=/some/scratch [FAMILY=burst|closed] scripts/bench_vs_vllm_cpu.sh [ROUNDS]  (8)
+#   extra flags for our server: OURS_FLAGS="--enable-mixed-chunk" ...
 #
 # Needs this checkout's `radixserve` on PATH (its venv active) and the peer installed by
 # scripts/peers/setup_vllm_cpu.sh. Writes bench-results/vs-vllm/round<N>-<server>-<workload>.json
@@ -18,7 +27,8 @@ set -euo pipefail
 : "${PEERS_DIR:?set PEERS_DIR to the folder setup_vllm_cpu.sh installed into}"
 here=$(cd "$(dirname "$0")" && pwd)
 rounds=${1:-8}
-out=bench-results/vs-vllm
+family=${FAMILY:-burst}
+out=bench-results/vs-vllm-$family
 vllm_port=30800
 ours_port=30801
 mkdir -p "$out"
@@ -42,8 +52,28 @@ wait_ready() {  # URL: until GET /v1/models answers; fails if the server exits o
     return 1
 }
 
+closed_family() {  # URL FILE_PREFIX
+    local url=$1 prefix=$2
+    local bench=(radixserve bench serving --backend openai --base-url "$url")
+    local rand=(--dataset-name random --random-range-ratio 1)
+    local gsp=(--dataset-name generated-shared-prefix)
+    "${bench[@]}" "${rand[@]}" --max-concurrency 4 --num-prompts 16 --random-input-len 1024 \
+        --random-output-len 64 --output-file "$prefix-c4-rand-1024-64.json"
+    "${bench[@]}" "${rand[@]}" --max-concurrency 16 --num-prompts 48 --random-input-len 256 \
+        --random-output-len 128 --output-file "$prefix-c16-rand-256-128.json"
+    "${bench[@]}" "${rand[@]}" --max-concurrency 32 --num-prompts 64 --random-input-len 64 \
+        --random-output-len 256 --output-file "$prefix-c32-rand-64-256.json"
+    "${bench[@]}" "${gsp[@]}" --max-concurrency 16 --gsp-num-groups 4 --gsp-prompts-per-group 12 \
+        --gsp-system-prompt-len 512 --gsp-question-len 64 --gsp-output-len 128 \
+        --output-file "$prefix-c16-gsp-512-128.json"
+    "${bench[@]}" "${gsp[@]}" --max-concurrency 32 --gsp-num-groups 2 --gsp-prompts-per-group 48 \
+        --gsp-system-prompt-len 1024 --gsp-question-len 32 --gsp-output-len 32 \
+        --output-file "$prefix-c32-gsp-1024-32.json"
+}
+
 workloads() {  # URL FILE_PREFIX
     local url=$1 prefix=$2
+    if [[ $family == closed ]]; then closed_family "$url" "$prefix"; return; fi
     local b=(--dataset-name generated-shared-prefix --gsp-num-groups 1 --gsp-prompts-per-group 32
         --gsp-system-prompt-len 512 --gsp-question-len 32 --gsp-output-len 64 --max-concurrency 32)
     radixserve bench serving --backend openai --base-url "$url" --dataset-name random \
@@ -65,7 +95,8 @@ run_vllm() {  # ROUND
 
 run_ours() {  # ROUND
     # setsid: the server and its scheduler/detokenizer processes form one group to stop.
-    setsid radixserve serve --port "$ours_port" >"$out/round$1-radixserve.log" 2>&1 &
+    # shellcheck disable=SC2086  # OURS_FLAGS is a list of flags
+    setsid radixserve serve --port "$ours_port" ${OURS_FLAGS:-} >"$out/round$1-radixserve.log" 2>&1 &
     server_pgid=$!
     wait_ready "http://127.0.0.1:$ours_port"
     workloads "http://127.0.0.1:$ours_port" "$out/round$1-radixserve"
@@ -76,15 +107,18 @@ for r in $(seq "$rounds"); do
     if ((r % 2)); then run_vllm "$r"; run_ours "$r"; else run_ours "$r"; run_vllm "$r"; fi
 done
 
-python - "$out" "$rounds" <<'PY'
+python - "$out" "$rounds" "$family" <<'PY'
 import json
 import sys
 from pathlib import Path
 
-out, rounds = Path(sys.argv[1]), int(sys.argv[2])
-cols = [("a", "output_throughput"), ("b1", "output_throughput"), ("b1", "mean_ttft_ms"),
-        ("b2", "output_throughput"), ("b2", "mean_ttft_ms")]
-names = ["(a) tok/s", "(b) first tok/s", "first TTFT ms", "(b) warm tok/s", "warm TTFT ms"]
+out, rounds, family = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+if family == "closed":
+    names = sorted({p.name.split("-", 2)[2].removesuffix(".json") for p in out.glob("round1-vllm-*.json")})
+    cols = [(w, k) for w in names for k in ("output_throughput", "mean_tpot_ms", "mean_ttft_ms")]
+else:
+    cols = [("a", "output_throughput"), ("b1", "output_throughput"), ("b1", "mean_ttft_ms"),
+            ("b2", "output_throughput"), ("b2", "mean_ttft_ms")]
 
 
 def value(r: int, server: str, workload: str, key: str) -> float:
@@ -92,16 +126,12 @@ def value(r: int, server: str, workload: str, key: str) -> float:
     return float(json.loads(path.read_text())["results"][key])
 
 
-print("round | " + " | ".join(f"{n} vLLM / ours" for n in names))
-sums = [[0.0, 0.0] for _ in cols]
-for r in range(1, rounds + 1):
-    cells = []
-    for i, (w, k) in enumerate(cols):
-        v, o = value(r, "vllm", w, k), value(r, "radixserve", w, k)
-        sums[i][0] += v
-        sums[i][1] += o
-        cells.append(f"{v:.1f} / {o:.1f}")
-    print(f"{r} | " + " | ".join(cells))
-means = [(v / rounds, o / rounds) for v, o in sums]
-print("mean | " + " | ".join(f"{v:.1f} / {o:.1f} ({o / v:.2f}x)" for v, o in means))
+print("workload metric | " + " | ".join(f"r{r} vLLM / ours" for r in range(1, rounds + 1))
+      + " | mean vLLM / ours (ratio)")
+for w, k in cols:
+    pairs = [(value(r, "vllm", w, k), value(r, "radixserve", w, k)) for r in range(1, rounds + 1)]
+    v = sum(p[0] for p in pairs) / rounds
+    o = sum(p[1] for p in pairs) / rounds
+    cells = " | ".join(f"{a:.1f} / {b:.1f}" for a, b in pairs)
+    print(f"{w} {k} | {cells} | {v:.1f} / {o:.1f} ({o / v:.2f}x)")
 PY

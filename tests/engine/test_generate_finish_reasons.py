@@ -12,7 +12,12 @@ from radixserve.engine.ipc.finish_reason import (
     FinishMatchedStr,
     FinishMatchedToken,
 )
-from radixserve.engine.ipc.messages import BatchTokenIDOutput, DetokenizerInput, TokenizerInput
+from radixserve.engine.ipc.messages import (
+    BatchTokenIDOutput,
+    DetokenizeParams,
+    DetokenizerInput,
+    TokenizerInput,
+)
 
 REASONS = [FinishMatchedToken(2), FinishMatchedStr("\n\n"), FinishLength(8), FinishAbort("x", 503)]
 
@@ -34,9 +39,7 @@ def test_every_finish_reason_crosses_both_hops_typed() -> None:
         completion_tokens=[2] * n,
         cached_tokens=[0] * n,
         retractions=[0] * n,
-        skip_special_tokens=[True] * n,
-        no_stop_trim=[False] * n,
-        stop_strs=[[]] * n,
+        detokenize=[DetokenizeParams()] * n,
         prompt_tail=[[97]] * n,
     )
     wire = msgspec.msgpack.Decoder(DetokenizerInput).decode(msgspec.msgpack.encode(out))

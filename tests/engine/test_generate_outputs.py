@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import torch
 
+from tests.engine.stop_oracle import mid_token_stop
+
 PROMPT = "The capital of France is"
 N_TOKENS = 24
 GREEDY = {"temperature": 0, "max_new_tokens": N_TOKENS}
@@ -69,6 +71,29 @@ def test_stop_string(smollm_engine: Any, greedy_out: dict[str, Any], stop: str |
     assert full.startswith(kept["text"])
     assert kept["meta_info"]["finish_reason"] == {"type": "stop", "matched": needle}
     assert kept["output_ids"] == trimmed["output_ids"]
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+def test_stop_string_ends_the_request_while_it_runs(
+    smollm_engine: Any, greedy_out: dict[str, Any], overlap: bool
+) -> None:
+    """In process as in the server, a stop string ends the request in the scheduler while it
+    generates: a fresh scheduler then caches the prompt and about the ids up to the stop, not
+    the 300 the request was allowed; and its outputs are cut at the id that completed it."""
+    case = mid_token_stop(smollm_engine.tokenizer, greedy_out["output_ids"])
+    engine = smollm_engine.with_args(max_total_tokens=4096, disable_overlap_schedule=not overlap)
+    try:
+        params = {**GREEDY, "max_new_tokens": 300, "ignore_eos": True, "stop": case.stop}
+        out = engine.generate(prompt=PROMPT, sampling_params=params, return_logprob=True)
+        cached = engine.scheduler.tree_cache.evictable_size()
+    finally:
+        engine.shutdown()
+    assert out["text"] == case.text
+    assert out["output_ids"] == greedy_out["output_ids"][: case.num_ids]
+    assert len(out["meta_info"]["output_token_logprobs"]) == case.num_ids
+    assert out["meta_info"]["completion_tokens"] == case.num_ids
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": case.stop}
+    assert cached <= len(smollm_engine.tokenizer.encode(PROMPT)) + case.num_ids + 2
 
 
 def test_stop_token_ids(smollm_engine: Any, greedy_out: dict[str, Any]) -> None:

@@ -27,7 +27,7 @@ def test_seeded_sampling_reproduces_on_cuda(tmp_path: Path) -> None:
             engine.limits,
             OutputOptions(),
         )
-        generator = engine.core.make_req(inp.tokenized()).generator
+        generator = engine.core.make_req(inp.tokenized(engine.tokenizer.eos_token_id)).generator
         assert generator is not None and generator.device.type == "cuda"
 
         def run(seed: int) -> list[list[int]]:

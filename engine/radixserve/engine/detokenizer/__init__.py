@@ -1,1 +1,1 @@
-"""The detokenizer process: incremental detokenization of each request's token stream."""
+"""The detokenizer process: incremental detokenization of each request's tokens; stop strings."""

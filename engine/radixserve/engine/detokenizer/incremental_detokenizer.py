@@ -1,22 +1,29 @@
-"""Incremental detokenization for streaming: text deltas that never split a UTF-8 character
-and never leak the start of a stop string that may still complete.
+"""Incremental detokenization with stop strings: text deltas that never split a UTF-8
+character, never leak the start of a stop string that may still complete, and end a request
+at the id whose text completes one.
 
 Per request we decode a small window: ids[surr:read] (already committed context) and
 ids[surr:] (context + new ids); the difference is new text, committed only when it does not
 end in U+FFFD (an incomplete byte sequence). Text that could be the beginning of a stop
 string is held back until it either completes the stop (and is trimmed) or diverges.
 
-This is the one place that trims stop tokens and stop strings from output text: the
-detokenizer process streams through it, and the in-process EngineCore decodes a finished
-request in one step (`decode_finished`).
+This is the one owner of stop strings and stop-token trimming (the rules are in
+`stop_strings.StopStrings`). While a request has stop strings, `step` takes its new ids one at
+a time; the first id whose text completes one finishes the request with FinishMatchedStr, and
+`TextStep.num_ids` tells the caller where to cut the ids (the caller tells the scheduler). The
+detokenizer process runs every request's outputs through it; the in-process EngineCore runs it
+after each scheduler step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
+from radixserve.engine.detokenizer.stop_strings import SpecialTokenTexts, StopStrings
 from radixserve.engine.ipc.finish_reason import FinishMatchedStr, FinishMatchedToken, FinishReason
+from radixserve.engine.ipc.messages import DetokenizeParams
 
 Decode = Callable[[list[int], bool], str]  # (ids, skip_special_tokens) -> text
 
@@ -24,87 +31,129 @@ INITIAL_CONTEXT = 5  # ids of left context decoded with each window (tokenizer m
 
 
 @dataclass(slots=True)
-class DecodeState:
+class TextWindow:
+    """One incremental decode of a request's ids (seeded with the prompt's last ids)."""
+
     skip_special_tokens: bool
-    stop_strs: tuple[str, ...] = ()
-    no_stop_trim: bool = False
-    ids: list[int] = field(default_factory=list)
+    ids: list[int]
+    read: int  # ids[:read] are decoded into `text`
+    surr: int = 0  # ids[surr:read]: the left context decoded with the newer ids
     text: str = ""  # committed text (complete characters)
-    surr: int = 0
-    read: int = 0
-    sent: int = 0  # characters of `text` already handed out
+    pending: str = ""  # decoded after `text`, up to an incomplete character (not committed)
 
 
-def _held_back(text: str, stop_strs: tuple[str, ...]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of a stop string."""
-    best = 0
-    for s in stop_strs:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best
+@dataclass(slots=True)
+class DecodeState:
+    out: TextWindow  # the request's text
+    stop: StopStrings
+    # Special tokens kept: where stop strings are sought when one could match part of a
+    # special token that `out` skips (SGLang seeks them in such text).
+    raw: TextWindow | None = None
+    sent: int = 0  # characters of out.text already handed out
+
+
+@dataclass(frozen=True, slots=True)
+class TextStep:
+    delta: str  # text to send
+    finish: FinishReason | None  # the scheduler's, or FinishMatchedStr found in this step
+    num_ids: int  # new ids the request keeps: all, or up to the one that completed the string
 
 
 class IncrementalDetokenizer:
-    def __init__(self, decode: Decode) -> None:
+    def __init__(self, decode: Decode, special: SpecialTokenTexts | None = None) -> None:
         self.decode = decode
+        self.special = special if special is not None else SpecialTokenTexts.of(())
 
-    def _commit(self, st: DecodeState) -> None:
-        prev = self.decode(st.ids[st.surr : st.read], st.skip_special_tokens)
-        full = self.decode(st.ids[st.surr :], st.skip_special_tokens)
-        if len(full) > len(prev) and not full.endswith("\ufffd"):
-            st.text += full[len(prev) :]
-            st.surr, st.read = st.read, len(st.ids)
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Any) -> IncrementalDetokenizer:
+        """Over a transformers tokenizer (its special tokens: those skip_special_tokens drops)."""
 
-    def step(self, st: DecodeState, new_ids: list[int], finish: FinishReason | None) -> str:
-        """Add new ids; return the text delta to send (the finish reason decides the trim)."""
+        def decode(ids: list[int], skip_special_tokens: bool) -> str:
+            return str(tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+
+        added = getattr(tokenizer, "added_tokens_decoder", {})
+        special = [t.content for t in added.values() if t.special]
+        special += getattr(tokenizer, "all_special_tokens", [])
+        return cls(decode, SpecialTokenTexts.of(special))
+
+    def start(self, prompt_ids: list[int], params: DetokenizeParams) -> DecodeState:
+        """A request's state, its windows seeded with the prompt's last ids so that the first
+        token decodes in context."""
+        ctx = list(prompt_ids[-INITIAL_CONTEXT:])
+        stop = StopStrings(tuple(params.stop_strs), params.no_stop_trim)
+        raw = None
+        if params.skip_special_tokens and stop.touch_any(self.special):
+            raw = TextWindow(False, list(ctx), len(ctx))
+        return DecodeState(TextWindow(params.skip_special_tokens, ctx, len(ctx)), stop, raw)
+
+    def step(self, st: DecodeState, new_ids: list[int], finish: FinishReason | None) -> TextStep:
+        """Add a request's new ids (`finish`: the scheduler's reason, if it ended on the last
+        one) and return the text to send, the finish reason and the ids kept."""
+        kept = 0
+        if st.stop.strs:
+            # The scheduler's finishing id keeps its reason: length and stop tokens are checked
+            # before stop strings (SGLang's order).
+            for tok in new_ids if finish is None else new_ids[:-1]:
+                kept += 1
+                matched = self._push_and_find(st, tok)
+                if matched is not None:
+                    reason = FinishMatchedStr(matched)
+                    return TextStep(self._finish(st, reason), reason, kept)
+        rest = new_ids[kept:]
         if (
             isinstance(finish, FinishMatchedToken)
-            and not st.no_stop_trim
-            and new_ids
-            and new_ids[-1] == finish.matched
+            and not st.stop.no_trim
+            and rest
+            and rest[-1] == finish.matched
         ):
-            new_ids = new_ids[:-1]  # the stop token is not part of the text
-        st.ids.extend(new_ids)
-        self._commit(st)
-        if finish is None:
-            end = len(st.text) - _held_back(st.text, st.stop_strs)
-            # A complete stop string means the request is about to finish on it: hold it.
-            hits = [p for x in st.stop_strs if (p := st.text.find(x)) >= 0]
-            end = min([end, *hits])
+            rest = rest[:-1]  # the stop token is not part of the text
+        self._push(st, rest)
+        if finish is not None:
+            return TextStep(self._finish(st, finish), finish, len(new_ids))
+        end = len(st.out.text) - st.stop.held_back(st.out.text)
+        return TextStep(self._emit(st, end), None, len(new_ids))
+
+    def _push(self, st: DecodeState, ids: list[int]) -> None:
+        if not ids:
+            return
+        for w in (st.out, st.raw):
+            if w is not None:
+                w.ids.extend(ids)
+                self._commit(w)
+
+    def _push_and_find(self, st: DecodeState, tok: int) -> str | None:
+        """Add one id; the stop string its text completes, if any. Text not committed yet
+        (before an incomplete character) counts: the token did produce it."""
+        w = st.raw if st.raw is not None else st.out
+        searched = len(w.text)
+        self._push(st, [tok])
+        return st.stop.find(w.text + w.pending, searched)
+
+    def _commit(self, w: TextWindow) -> None:
+        prev = self.decode(w.ids[w.surr : w.read], w.skip_special_tokens)
+        new = self.decode(w.ids[w.surr :], w.skip_special_tokens)[len(prev) :]
+        if new and not new.endswith("\ufffd"):
+            w.text += new
+            w.surr, w.read = w.read, len(w.ids)
+            w.pending = ""
         else:
-            # Finished: flush everything, even an incomplete trailing character.
-            if st.read < len(st.ids):
-                prev = self.decode(st.ids[st.surr : st.read], st.skip_special_tokens)
-                full = self.decode(st.ids[st.surr :], st.skip_special_tokens)
-                st.text += full[len(prev) :]
-                st.read = len(st.ids)
-            end = len(st.text)
-            if isinstance(finish, FinishMatchedStr) and not st.no_stop_trim:
-                pos = st.text.find(finish.matched)
-                end = pos if pos >= 0 else end
-        end = max(end, st.sent)
-        delta, st.sent = st.text[st.sent : end], end
-        return delta
+            w.pending = new.rstrip("\ufffd")
+
+    def _finish(self, st: DecodeState, finish: FinishReason) -> str:
+        """The last delta: everything, even an incomplete trailing character, up to where the
+        finish reason ends the text."""
+        w = st.out
+        if w.read < len(w.ids):
+            prev = self.decode(w.ids[w.surr : w.read], w.skip_special_tokens)
+            w.text += self.decode(w.ids[w.surr :], w.skip_special_tokens)[len(prev) :]
+            w.read = len(w.ids)
+        end = len(w.text)
+        if isinstance(finish, FinishMatchedStr):
+            end = st.stop.text_end(w.text, finish.matched)
+        return self._emit(st, end)
 
     @staticmethod
-    def start(prompt_ids: list[int], state: DecodeState) -> DecodeState:
-        """Seed the window with the prompt's last ids so the first token decodes in context."""
-        ctx = prompt_ids[-INITIAL_CONTEXT:]
-        state.ids = list(ctx)
-        state.surr = 0
-        state.read = len(ctx)
-        return state
-
-
-def decode_finished(
-    decode: Decode,
-    prompt_ids: list[int],
-    output_ids: list[int],
-    finish: FinishReason | None,
-    state: DecodeState,
-) -> str:
-    """The whole output text of a finished request, trimmed exactly as a stream would be."""
-    IncrementalDetokenizer.start(prompt_ids, state)
-    return IncrementalDetokenizer(decode).step(state, output_ids, finish)
+    def _emit(st: DecodeState, end: int) -> str:
+        end = max(end, st.sent)
+        delta, st.sent = st.out.text[st.sent : end], end
+        return delta

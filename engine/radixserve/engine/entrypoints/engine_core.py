@@ -1,6 +1,9 @@
-"""EngineCore: the offline, in-process engine — a SchedulerCore (model, tokenizer, Scheduler
-in the calling process) behind the same edge as the server: inputs validated once by
-request_builder, outputs formatted by generation.native_output.
+"""EngineCore: the offline, in-process engine — a SchedulerCore (model and Scheduler in the
+calling process) behind the same edge as the server: inputs validated once by
+request_builder, outputs formatted by generation.native_output. It plays the text side too:
+after each scheduler step the incremental detokenizer takes the new ids of each request that has
+stop strings, and a stop string ends the request in the scheduler at once, as the server's
+detokenizer does (the ids after the one that completed it are dropped).
 
 `generate(...)` blocks until every request finishes. Tests and benchmarks use it to compare
 scheduler configurations on one set of loaded weights (`with_args`). For the server's process
@@ -9,10 +12,14 @@ layout without HTTP use `Engine`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.engine.configs.server_args import ServerArgs
-from radixserve.engine.detokenizer.incremental_detokenizer import DecodeState, decode_finished
+from radixserve.engine.detokenizer.incremental_detokenizer import (
+    DecodeState,
+    IncrementalDetokenizer,
+)
 from radixserve.engine.entrypoints.generation import GenerateOutput, native_output
 from radixserve.engine.entrypoints.request_builder import (
     OutputOptions,
@@ -21,13 +28,27 @@ from radixserve.engine.entrypoints.request_builder import (
     native_prompts,
     per_prompt_params,
 )
+from radixserve.engine.ipc.finish_reason import FinishReason
+from radixserve.engine.model_loader.loader import load_tokenizer
 from radixserve.engine.scheduler.req import Req
 from radixserve.engine.scheduler.scheduler_core import SchedulerCore
 from radixserve.engine.tokenizer.io_struct import GenerateChunk
 
 
+@dataclass(slots=True)
+class RequestText:
+    """What the detokenizer keeps of one request, here in process."""
+
+    state: DecodeState
+    deltas: list[str] = field(default_factory=list)
+    num_ids: int = 0  # output ids taken (once finished: the ids the request keeps)
+    finish: FinishReason | None = None
+
+
 class EngineCore:
-    def __init__(self, _core: SchedulerCore | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, _core: SchedulerCore | None = None, _tokenizer: Any = None, **kwargs: Any
+    ) -> None:
         if _core is None:
             args = ServerArgs.from_kwargs(**kwargs)
             # Only the scheduler process's publisher drains RadixCache.events; in this process
@@ -40,7 +61,8 @@ class EngineCore:
             _core = SchedulerCore(args)
         self.core = _core
         self.server_args = self.core.server_args
-        self.tokenizer = self.core.tokenizer
+        self.tokenizer = _tokenizer if _tokenizer is not None else load_tokenizer(_core.source)
+        self.detok = IncrementalDetokenizer.for_tokenizer(self.tokenizer)
         self.model_config = self.core.model_config
         self.runner = self.core.runner
         self.scheduler = self.core.scheduler
@@ -52,7 +74,7 @@ class EngineCore:
     def with_args(self, **overrides: Any) -> EngineCore:
         """A new engine sharing this one's loaded weights, with other scheduling / memory
         arguments (benchmarks and tests compare configurations without reloading)."""
-        return EngineCore(self.core.with_args(**overrides))
+        return EngineCore(self.core.with_args(**overrides), self.tokenizer)
 
     def generate(  # noqa: PLR0913 - sglang.Engine.generate's public signature
         self,
@@ -68,44 +90,60 @@ class EngineCore:
         params = per_prompt_params(sampling_params, len(prompts))
         options = OutputOptions(False, return_logprob, top_logprobs_num)
         inputs = build_inputs(prompts, params, self.limits, options, check_lengths=False)
-        reqs = [self.core.make_req(inp.tokenized()) for inp in inputs]
+        msgs = [inp.tokenized(self.tokenizer.eos_token_id) for inp in inputs]
+        reqs = [self.core.make_req(msg) for msg in msgs]
+        texts = [RequestText(self.detok.start(msg.input_ids, msg.detokenize)) for msg in msgs]
         for req in reqs:
             self.scheduler.add_request(req)
+        watched = [(r, t) for r, t in zip(reqs, texts, strict=True) if t.state.stop.strs]
         while not all(r.finished() for r in reqs):
             self.scheduler.step()
+            for req, text in watched:
+                self._take_new_ids(req, text)
         # Drain bookkeeping of the last batch so the pool is back to idle.
         while self.scheduler.has_work():
             self.scheduler.step()
+        for req, text in zip(reqs, texts, strict=True):
+            self._take_new_ids(req, text)
         want_lp = return_logprob or top_logprobs_num > 0
-        outputs = [native_output(self._output(r), want_lp) for r in reqs]
+        outputs = [
+            native_output(self._output(r, t), want_lp) for r, t in zip(reqs, texts, strict=True)
+        ]
         return outputs[0] if single and len(outputs) == 1 else outputs
 
-    def _output(self, req: Req) -> GenerateOutput:
-        """A finished Req as the one chunk the server would have streamed for it."""
-        params = req.sampling_params
-        state = DecodeState(params.skip_special_tokens, req.stop.stop_strs, params.no_stop_trim)
-        text = decode_finished(
-            self._decode, req.origin_input_ids, req.output_ids, req.finished_reason, state
-        )
+    def _take_new_ids(self, req: Req, text: RequestText) -> None:
+        """Run the request's ids since the last call through the detokenizer; a stop string
+        found there ends the request in the scheduler, as the server's FinishReq does."""
+        new = req.output_ids[text.num_ids :]
+        if text.finish is not None or not (new or req.finished()):
+            return
+        step = self.detok.step(text.state, new, req.finished_reason)
+        text.deltas.append(step.delta)
+        text.num_ids += step.num_ids
+        text.finish = step.finish
+        if step.finish is not None and not req.finished():
+            self.scheduler.abort_request(req.rid, reason=step.finish)
+
+    @staticmethod
+    def _output(req: Req, text: RequestText) -> GenerateOutput:
+        """A finished request as the one chunk the server would have streamed for it."""
+        n = text.num_ids
         out = GenerateOutput()
         out.add(
             GenerateChunk(
                 rid=req.rid,
-                text_delta=text,
-                output_ids=list(req.output_ids),
-                finish_reason=req.finished_reason,
+                text_delta="".join(text.deltas),
+                output_ids=req.output_ids[:n],
+                finish_reason=text.finish,
                 prompt_tokens=len(req.origin_input_ids),
-                completion_tokens=len(req.output_ids),
+                completion_tokens=n,
                 cached_tokens=req.cached_tokens,
                 total_retractions=req.retraction_count,
-                token_logprobs=list(req.output_token_logprobs),
-                top_logprobs=list(req.output_top_logprobs),
+                token_logprobs=req.output_token_logprobs[:n],
+                top_logprobs=req.output_top_logprobs[:n],
             )
         )
         return out
-
-    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def shutdown(self) -> None:
         """Stop the forward worker and drop the KV pools (the weights may be shared with

@@ -2,7 +2,9 @@
 
 Keep logic out of this module: it is the wire contract between the engine's processes.
 Per-request fields in batch outputs are parallel lists indexed like `rids`; the detokenizer
-turns token-id deltas into text deltas and forwards everything else unchanged.
+turns token-id deltas into text deltas and forwards everything else unchanged, except for a
+request it ends on a stop string: that one's ids, logprobs and count are cut at the id that
+completed the string, and its later outputs are dropped.
 """
 
 from __future__ import annotations
@@ -11,11 +13,20 @@ from typing import Any
 
 import msgspec
 
-from radixserve.engine.ipc.finish_reason import FinishReason
+from radixserve.engine.ipc.finish_reason import FinishMatchedStr, FinishReason
 
 
 class _Msg(msgspec.Struct, frozen=True, tag=True, omit_defaults=True):
     pass
+
+
+class DetokenizeParams(msgspec.Struct, frozen=True, omit_defaults=True):
+    """How the text side turns one request's ids into text. Set by the tokenizer side; the
+    scheduler carries it to the detokenizer with each output without reading it."""
+
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    stop_strs: list[str] = []
 
 
 class TokenizedGenerateReq(_Msg, frozen=True):
@@ -27,13 +38,28 @@ class TokenizedGenerateReq(_Msg, frozen=True):
     input_text: str | None = None
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    # Send each step's new ids, not only the finished request's: the client streams, or the
+    # detokenizer watches the text for stop strings.
     stream: bool = False
     data_parallel_rank: int | None = None  # pinned DP rank (wired in by the DP controller)
+    # The tokenizer's EOS id: the scheduler has no tokenizer; it adds the model config's EOS
+    # ids and the request's stop_token_ids.
+    eos_token_id: int | None = None
+    detokenize: DetokenizeParams = DetokenizeParams()
 
 
 class AbortReq(_Msg, frozen=True):
     rid: str = ""
     abort_all: bool = False
+
+
+class FinishReq(_Msg, frozen=True):
+    """Tokenizer manager → the request's scheduler: the detokenizer ended it on a stop string.
+    The scheduler finishes it like an abort but with this reason (its KV cached as on any
+    finish); what it still sends for the request is dropped by the detokenizer."""
+
+    rid: str
+    reason: FinishMatchedStr
 
 
 class FlushCacheReq(_Msg, frozen=True):
@@ -86,9 +112,7 @@ class BatchTokenIDOutput(_Msg, frozen=True):
     completion_tokens: list[int]
     cached_tokens: list[int]
     retractions: list[int]
-    skip_special_tokens: list[bool]
-    no_stop_trim: list[bool]
-    stop_strs: list[list[str]]
+    detokenize: list[DetokenizeParams]
     prompt_tail: list[list[int]]  # last prompt ids: left context for the first decode
     output_token_logprobs: list[list[float]] = []
     output_top_logprobs: list[list[list[tuple[float, int]]]] = []
@@ -96,7 +120,8 @@ class BatchTokenIDOutput(_Msg, frozen=True):
 
 
 class BatchStrOutput(_Msg, frozen=True):
-    """Detokenizer → tokenizer manager: text deltas (stop strings already trimmed)."""
+    """Detokenizer → tokenizer manager: text deltas (stop strings already trimmed). A
+    `FinishMatchedStr` here was found by the detokenizer: the scheduler does not know yet."""
 
     rids: list[str]
     text_deltas: list[str]
@@ -111,6 +136,8 @@ class BatchStrOutput(_Msg, frozen=True):
     queue_times: list[float | None] = []
 
 
-SchedulerInput = TokenizedGenerateReq | AbortReq | FlushCacheReq | GetLoadReq | GetStateReq
+SchedulerInput = (
+    TokenizedGenerateReq | AbortReq | FinishReq | FlushCacheReq | GetLoadReq | GetStateReq
+)
 TokenizerInput = BatchStrOutput | FlushCacheOutput | LoadOutput | StateOutput
 DetokenizerInput = BatchTokenIDOutput

@@ -8,30 +8,22 @@ Lengths to keep apart: `origin_input_ids` (prompt), `output_ids` (generated so f
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from radixserve.engine.ipc.finish_reason import (
-    FinishLength,
-    FinishMatchedStr,
-    FinishMatchedToken,
-    FinishReason,
-)
+from radixserve.engine.ipc.finish_reason import FinishLength, FinishMatchedToken, FinishReason
+from radixserve.engine.ipc.messages import DetokenizeParams
 from radixserve.engine.sampling import SamplingParams, SamplingRow
-
-TailDecoder = Callable[[list[int]], str]
 
 
 @dataclass(frozen=True, slots=True)
 class StopCriteria:
-    """What ends a request besides length: EOS/stop token ids and stop strings."""
+    """What ends a request here besides length: EOS and stop token ids. Stop strings are the
+    text side's: the detokenizer finds them, and the request is ended by a FinishReq."""
 
     stop_token_ids: frozenset[int]
-    stop_strs: tuple[str, ...] = ()
-    stop_str_max_tokens: int = 0  # longest stop string, in tokens (bounds the tail decode)
 
 
 @dataclass(eq=False, slots=True)
@@ -46,7 +38,8 @@ class Req:
     top_logprobs_num: int = 0
     arrival_time: float = 0.0
     queue_time: float | None = None  # arrival → first admission into a prefill batch (s)
-    stream: bool = False
+    stream: bool = False  # send each step's new ids (else only when finished)
+    detokenize: DetokenizeParams = DetokenizeParams()  # carried to the detokenizer, unread
 
     send_offset: int = 0  # output ids already sent to the detokenizer
     # overlap: tokens sampled by launched batches but not yet appended to output_ids
@@ -100,7 +93,7 @@ class Req:
             generator=self.generator,
         )
 
-    def check_finished(self, decode_tail: TailDecoder) -> None:
+    def check_finished(self) -> None:
         """Set `finished_reason` after a token was appended (SGLang's order of checks)."""
         if self.finished():
             return
@@ -114,10 +107,3 @@ class Req:
         last = self.output_ids[-1]
         if not params.ignore_eos and last in self.stop.stop_token_ids:
             self.finished_reason = FinishMatchedToken(last)
-            return
-        if self.stop.stop_strs:
-            tail = decode_tail(self.output_ids[-(self.stop.stop_str_max_tokens + 2) :])
-            for s in self.stop.stop_strs:
-                if s in tail:
-                    self.finished_reason = FinishMatchedStr(s)
-                    return

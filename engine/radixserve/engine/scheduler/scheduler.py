@@ -16,7 +16,7 @@ from functools import partial
 
 from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.forward_batch import DpAttentionMeta, ForwardMode
-from radixserve.engine.ipc.finish_reason import FinishAbort
+from radixserve.engine.ipc.finish_reason import FinishAbort, FinishReason
 from radixserve.engine.ipc.messages import LoadOutput, StateOutput
 from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache
 from radixserve.engine.mem_cache.chunk_cache import ChunkCache
@@ -28,19 +28,20 @@ from radixserve.engine.scheduler.dp_attention_sync import DpAttentionSync
 from radixserve.engine.scheduler.overlap import ForwardWorker, FutureMap, InflightBatch
 from radixserve.engine.scheduler.prefill_adder import AddReqResult, PrefillAdder, PrefillBudget
 from radixserve.engine.scheduler.prefix_match import StepPrefixMatches, WaitingPins
-from radixserve.engine.scheduler.req import Req, TailDecoder
+from radixserve.engine.scheduler.req import Req
 from radixserve.engine.scheduler.retraction import NewTokenRatio, retract_decode
 from radixserve.engine.scheduler.schedule_batch import KVContext, ScheduleBatch
 from radixserve.engine.scheduler.schedule_policy import SchedulePolicy
 
 logger = logging.getLogger(__name__)
 
+ABORTED = FinishAbort("aborted by request", 400)
+
 
 class Scheduler:
-    def __init__(self, args: ServerArgs, runner: ModelRunner, decode_tail: TailDecoder) -> None:
+    def __init__(self, args: ServerArgs, runner: ModelRunner) -> None:
         self.args = args
         self.runner = runner
-        self.decode_tail = decode_tail
         tree_cache = self._make_tree_cache(args, runner)
         self.kv = KVContext(
             runner.req_to_token_pool, runner.token_to_kv_pool, runner.allocator, tree_cache
@@ -340,7 +341,7 @@ class Scheduler:
                 req.output_token_logprobs.append(logprobs[i])
                 if out.top_logprobs is not None:
                     req.output_top_logprobs.append(out.top_logprobs[i])
-            req.check_finished(self.decode_tail)
+            req.check_finished()
             if req.finished():
                 self.tree_cache.cache_finished_req(req)
             elif extend and req not in rec.batch.decoding_reqs:
@@ -358,25 +359,37 @@ class Scheduler:
         self.inflight.clear()
         self.runner.release_pools()
 
-    def abort_request(self, rid: str, abort_all: bool = False) -> list[Req]:
-        """Abort queued requests at once (returned, already finished) and running ones at
-        their next step (they finish with an abort reason through the normal path)."""
+    def abort_request(
+        self, rid: str, abort_all: bool = False, reason: FinishReason = ABORTED
+    ) -> list[Req]:
+        """End requests with `reason` (an abort; FinishMatchedStr when the text side found a
+        stop string). Queued ones and running ones with no token in flight end at once
+        (returned, already finished; a running one's KV cached as on any finish); the others
+        at their next token, through the normal path."""
 
         def hit(req: Req) -> bool:
             return abort_all or req.rid == rid
 
-        reason = FinishAbort("aborted by request", 400)
         aborted = [r for r in self.waiting_queue if hit(r)]
         self.waiting_queue = [r for r in self.waiting_queue if not hit(r)]
         for req in aborted:
             req.finished_reason = reason
             self.pins.release(req)
         running = list(self.running_batch.reqs)
+        last = self.last_batch  # a prefill's requests join running_batch only next step
+        if last is not None and last.forward_mode.is_extend_like():
+            running += last.reqs
         if self.chunked_req is not None:
             running.append(self.chunked_req)
         for req in running:
-            if hit(req) and not req.finished():
+            if not hit(req) or req.finished():
+                continue
+            if req.num_inflight or req is self.chunked_req:
                 req.to_finish = reason
+            else:  # as if it had finished on its last token: no step spent on it
+                req.finished_reason = reason
+                self.tree_cache.cache_finished_req(req)
+                aborted.append(req)
         return aborted
 
     def num_used_tokens(self) -> int:

@@ -1,9 +1,10 @@
-"""SchedulerCore: the scheduler process's composition root — model files, tokenizer,
-ModelRunner and Scheduler built once, and `make_req` turning a TokenizedGenerateReq into a Req.
+"""SchedulerCore: the scheduler process's composition root — model files, ModelRunner and
+Scheduler built once, and `make_req` turning a TokenizedGenerateReq into a Req.
 
 Runs in the scheduler process (`scheduler_process.py`) and, in-process, inside the offline
 `EngineCore` (entrypoints), which reuses it. It trusts its input: requests were validated at the
-edge. Per-request sampling generators live on the runner's device.
+edge. Per-request sampling generators live on the runner's device. It loads no tokenizer: the
+tokenizer's EOS id comes with each request, and stop strings are the detokenizer's.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from radixserve.engine.distributed import ParallelGroups
 from radixserve.engine.ipc.messages import TokenizedGenerateReq
 from radixserve.engine.model_executor.model_runner import ModelRunner
 from radixserve.engine.model_loader import load_model_files, resolve_model
-from radixserve.engine.model_loader.loader import LoadedModelFiles, load_tokenizer
+from radixserve.engine.model_loader.loader import LoadedModelFiles
 from radixserve.engine.model_loader.source import ModelSource
 from radixserve.engine.models.base import CausalLM
 from radixserve.engine.sampling import SamplingParams, make_generator
@@ -27,18 +28,13 @@ from radixserve.engine.scheduler.req import Req, StopCriteria
 from radixserve.engine.scheduler.scheduler import Scheduler
 
 
-def stop_criteria(params: SamplingParams, eos_ids: frozenset[int], tokenizer: Any) -> StopCriteria:
-    """EOS + `stop_token_ids`, and the stop strings with their longest length in tokens."""
-    stop_strs = tuple(params.stop_strs)
-    max_tokens = max(
-        (len(tokenizer.encode(s, add_special_tokens=False)) for s in stop_strs), default=0
-    )
-    ids = eos_ids | frozenset(params.stop_token_ids or ())
-    return StopCriteria(ids, stop_strs, max_tokens)
+def stop_criteria(params: SamplingParams, eos_ids: frozenset[int]) -> StopCriteria:
+    """The EOS ids and the request's `stop_token_ids`."""
+    return StopCriteria(eos_ids | frozenset(params.stop_token_ids or ()))
 
 
 class SchedulerCore:
-    """Model + tokenizer + Scheduler of one rank, in the calling process."""
+    """Model + Scheduler of one rank, in the calling process."""
 
     runner: ModelRunner
     scheduler: Scheduler
@@ -53,24 +49,19 @@ class SchedulerCore:
         torch.manual_seed(args.random_seed)
         self.source: ModelSource
         self.files: LoadedModelFiles
-        self.tokenizer: Any
         model: CausalLM | None = None
-        if reuse is not None:  # same weights and tokenizer, fresh pools and scheduler
-            self.source, self.files, self.tokenizer = reuse.source, reuse.files, reuse.tokenizer
+        if reuse is not None:  # same weights, fresh pools and scheduler
+            self.source, self.files = reuse.source, reuse.files
             model = reuse.runner.model
         else:
             self.source = resolve_model(args.model_path, args.revision)
             self.files = load_model_files(self.source, args.resolved_dtype)
-            self.tokenizer = load_tokenizer(self.source)
         self.model_config = self.files.config
         if groups is not None and groups.attn_tp.size > 1:
             check_tp_layout(self.files.config, groups.attn_tp.size)
         self.runner = ModelRunner(args, self.files, model, groups)
-        eos = set(self.files.config.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            eos.add(int(self.tokenizer.eos_token_id))
-        self.eos_token_ids = frozenset(eos)
-        self.scheduler = Scheduler(args, self.runner, self.decode_tail)
+        self.eos_token_ids = frozenset(self.files.config.eos_token_ids)
+        self.scheduler = Scheduler(args, self.runner)
 
     def with_args(self, **overrides: Any) -> SchedulerCore:
         """A new core sharing this one's loaded weights, with other scheduling / memory args."""
@@ -79,24 +70,23 @@ class SchedulerCore:
         args = ServerArgs.from_kwargs(**{**asdict(self.server_args), **overrides})
         return SchedulerCore(args, reuse=self)
 
-    def decode_tail(self, ids: list[int]) -> str:
-        """Text of the last output ids, for stop-string checks (special tokens kept)."""
-        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
-
     def make_req(self, msg: TokenizedGenerateReq) -> Req:
         """The scheduler's Req for a validated request (its generator on the runner's device)."""
         params = SamplingParams(**msg.sampling_params)
+        # The model config's EOS ids (as in HF generate) and the tokenizer's, from the request.
+        tokenizer_eos = frozenset(() if msg.eos_token_id is None else (msg.eos_token_id,))
         return Req(
             rid=msg.rid,
             origin_input_ids=list(msg.input_ids),
             sampling_params=params,
-            stop=stop_criteria(params, self.eos_token_ids, self.tokenizer),
+            stop=stop_criteria(params, self.eos_token_ids | tokenizer_eos),
             generator=make_generator(params.sampling_seed, self.runner.device),
             origin_input_text=msg.input_text,
             return_logprob=msg.return_logprob,
             top_logprobs_num=msg.top_logprobs_num,
             arrival_time=time.monotonic(),
             stream=msg.stream,
+            detokenize=msg.detokenize,
         )
 
     def context_info(self) -> dict[str, Any]:

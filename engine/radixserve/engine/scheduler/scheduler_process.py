@@ -6,8 +6,9 @@ scheduling step → publish KV events → send outputs. One process per rank: at
 of each DP rank reads that DP rank's channel and broadcasts each round's inputs to its peers
 (`tp_broadcast`); only it sends outputs and publishes KV events (on its DP rank's port, tagged
 with its dp_rank). Under DP attention every round also agrees the step's token counts with the
-other DP ranks (`Scheduler.step`), so an idle rank steps too. Model, tokenizer and Scheduler
-come from `SchedulerCore`.
+other DP ranks (`Scheduler.step`), so an idle rank steps too. Model and Scheduler come from
+`SchedulerCore`. Stop strings are not the scheduler's: the detokenizer finds them, and the
+tokenizer manager sends a `FinishReq` that ends the request here.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from radixserve.engine.ipc.channels import PortArgs, PullChannel, PushChannel
 from radixserve.engine.ipc.messages import (
     AbortReq,
     BatchTokenIDOutput,
+    FinishReq,
     FlushCacheOutput,
     FlushCacheReq,
     GetLoadReq,
@@ -81,6 +83,7 @@ class SchedulerLoop:
         self.handlers: dict[type, Callable[[Any], None]] = {
             TokenizedGenerateReq: self.handle_generate,
             AbortReq: self.handle_abort,
+            FinishReq: self.handle_finish,
             FlushCacheReq: self.handle_flush,
             GetLoadReq: self.handle_get_load,
             GetStateReq: self.handle_get_state,
@@ -133,6 +136,10 @@ class SchedulerLoop:
     def handle_abort(self, msg: AbortReq) -> None:
         self.pending += self.scheduler.abort_request(msg.rid, msg.abort_all)
 
+    def handle_finish(self, msg: FinishReq) -> None:
+        """The detokenizer ended the request on a stop string: end it here too."""
+        self.pending += self.scheduler.abort_request(msg.rid, reason=msg.reason)
+
     def handle_flush(self, msg: FlushCacheReq) -> None:
         ok = self.scheduler.flush_cache()
         text = "" if ok else "cannot flush the cache while requests are running or queued"
@@ -161,9 +168,7 @@ class SchedulerLoop:
             fields["completion_tokens"].append(len(r.output_ids))
             fields["cached_tokens"].append(r.cached_tokens)
             fields["retractions"].append(r.retraction_count)
-            fields["skip_special_tokens"].append(r.sampling_params.skip_special_tokens)
-            fields["no_stop_trim"].append(r.sampling_params.no_stop_trim)
-            fields["stop_strs"].append(list(r.stop.stop_strs))
+            fields["detokenize"].append(r.detokenize)
             fields["prompt_tail"].append(r.origin_input_ids[-5:])
             fields["output_token_logprobs"].append(r.output_token_logprobs[r.send_offset :])
             fields["output_top_logprobs"].append(r.output_top_logprobs[r.send_offset :])
@@ -180,9 +185,7 @@ _OUTPUT_FIELDS = (
     "completion_tokens",
     "cached_tokens",
     "retractions",
-    "skip_special_tokens",
-    "no_stop_trim",
-    "stop_strs",
+    "detokenize",
     "prompt_tail",
     "output_token_logprobs",
     "output_top_logprobs",

@@ -75,6 +75,10 @@ class DataParallelController:
         else:
             await self.broadcast(msg)
 
+    async def send_to(self, rank: int, msg: msgspec.Struct) -> None:
+        """To one DP rank (the tokenizer manager knows which rank holds its request)."""
+        await self.channels[rank].send(msg)
+
     async def broadcast(self, msg: msgspec.Struct) -> None:
         for channel in self.channels:
             await channel.send(msg)

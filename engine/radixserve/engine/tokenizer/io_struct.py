@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from radixserve.engine.ipc.finish_reason import FinishReason
-from radixserve.engine.ipc.messages import TokenizedGenerateReq
+from radixserve.engine.ipc.messages import DetokenizeParams, TokenizedGenerateReq
 from radixserve.engine.sampling import SamplingParams
 
 
@@ -34,17 +34,22 @@ class GenerateInput:
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     data_parallel_rank: int | None = None  # pinned DP rank (validated at the edge)
 
-    def tokenized(self) -> TokenizedGenerateReq:
-        """The scheduler's message for this input."""
+    def tokenized(self, eos_token_id: int | None) -> TokenizedGenerateReq:
+        """The scheduler's message for this input (`eos_token_id`: the tokenizer's)."""
+        params = self.sampling_params
+        stop_strs = params.stop_strs
         return TokenizedGenerateReq(
             rid=self.rid,
             input_ids=self.input_ids,
-            sampling_params=msgspec.to_builtins(self.sampling_params),
+            sampling_params=msgspec.to_builtins(params),
             input_text=self.text,
             return_logprob=self.return_logprob,
             top_logprobs_num=self.top_logprobs_num,
-            stream=self.stream,
+            # The detokenizer finds stop strings in the text, so it needs every step's ids.
+            stream=self.stream or bool(stop_strs),
             data_parallel_rank=self.data_parallel_rank,
+            eos_token_id=eos_token_id,
+            detokenize=DetokenizeParams(params.skip_special_tokens, params.no_stop_trim, stop_strs),
         )
 
 

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,10 +25,11 @@ import msgspec
 import zmq.asyncio
 
 from radixserve.engine.ipc.channels import AsyncPullChannel, PortArgs
-from radixserve.engine.ipc.finish_reason import FinishAbort
+from radixserve.engine.ipc.finish_reason import FinishAbort, FinishMatchedStr
 from radixserve.engine.ipc.messages import (
     AbortReq,
     BatchStrOutput,
+    FinishReq,
     FlushCacheOutput,
     FlushCacheReq,
     GetLoadReq,
@@ -96,7 +97,7 @@ class TokenizerManager:
         self.dead: BaseException | None = None
         self.dp_size, self.load_balance_method = dp_size, load_balance_method
         self._task: asyncio.Task[None] | None = None
-        self._aborts: set[asyncio.Task[None]] = set()
+        self._sends: set[asyncio.Task[None]] = set()  # aborts and finishes being sent
 
     async def start(self) -> None:
         self.ctx = ctx = zmq.asyncio.Context()
@@ -135,7 +136,8 @@ class TokenizerManager:
             state.prompt_text, state.output_parts = inp.text, []
         self.rid_to_state[inp.rid] = state
         try:
-            state.dp_rank = await self.to_scheduler.send_generate(inp.tokenized())
+            msg = inp.tokenized(self.tokenizer.eos_token_id)
+            state.dp_rank = await self.to_scheduler.send_generate(msg)
             while True:
                 item = await state.queue.get()
                 if isinstance(item, OutputLoopDied):
@@ -155,9 +157,13 @@ class TokenizerManager:
     def _abort_soon(self, rid: str) -> None:
         """Send the abort from a task of its own: the caller may be inside a cancelled scope
         (anyio cancels every await there), where an awaited send would never happen."""
-        task = asyncio.get_running_loop().create_task(self.abort(rid))
-        self._aborts.add(task)
-        task.add_done_callback(self._aborts.discard)
+        self._send_soon(self.abort(rid))
+
+    def _send_soon(self, send: Coroutine[Any, Any, None]) -> None:
+        """Run a send to the scheduler as a task (kept referenced until it is done)."""
+        task = asyncio.get_running_loop().create_task(send)
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
 
     async def abort(self, rid: str) -> None:
         await self.to_scheduler.send_abort(AbortReq(rid=rid))
@@ -249,6 +255,9 @@ class TokenizerManager:
                 state.last_chunk = chunk
                 if state.output_parts is not None:
                     state.output_parts.append(chunk.text_delta)
+            if isinstance(finish, FinishMatchedStr):
+                # The detokenizer ended it on a stop string; its scheduler still runs it.
+                self._send_soon(self.to_scheduler.send_to(state.dp_rank, FinishReq(rid, finish)))
             if finish is not None:
                 state.finished = True
                 self._log_finished(rid, state, finish.to_json()["type"])
