@@ -20,7 +20,8 @@ from fastapi.responses import JSONResponse, Response
 
 from radixserve.asgi_errors import EdgeConfig, install_edge_middleware
 from radixserve.protocol.http_api import INFERENCE_BODIES, openapi_with_bodies
-from radixserve.protocol.http_edge import read_json_body
+from radixserve.protocol.http_edge import error_response
+from radixserve.protocol.json_body import BodyError, parse_json_object
 from radixserve.router.admin import install_admin_routes
 from radixserve.router.auth import is_open_path
 from radixserve.router.config import RouterConfig
@@ -56,14 +57,15 @@ async def routing_tokens(
 
 def install_inference_routes(app: FastAPI) -> None:
     async def proxied(request: Request) -> Response:
-        body = await read_json_body(request)
-        if isinstance(body, Response):
-            return body
+        raw = await request.body()
+        try:
+            body = parse_json_object(raw)
+        except BodyError as exc:
+            return error_response(str(exc), 400, exc.field)
         state = st(request)
         route = request.url.path
-        size = int(request.headers.get("content-length") or 0)
-        tokens = await routing_tokens(state, route, body, size)
-        return await state.proxy.forward(route, body, tokens, request.headers)
+        tokens = await routing_tokens(state, route, body, len(raw))
+        return await state.proxy.forward(route, raw, body, tokens, request.headers)
 
     for route in PROXIED_ROUTES:
         app.add_api_route(route, proxied, methods=["POST"])
