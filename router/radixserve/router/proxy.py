@@ -113,11 +113,14 @@ class Proxy:
     ) -> Response | None:
         """One try; None on a transport error before any answer (the lease is released)."""
         worker = lease.worker
+        proxy, proxy_auth = self.upstream.proxy_for(worker.url)
         try:
             resp = await self.upstream.session().post(
                 worker.url + route,
                 data=self._body_for(lease, raw, body),
                 headers=self._headers_for(lease, headers),
+                proxy=proxy,
+                proxy_auth=proxy_auth,
             )
         except TRANSPORT_ERRORS as exc:
             await self._failed(lease, route, exc)

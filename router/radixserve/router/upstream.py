@@ -9,8 +9,10 @@ second.
 
 Limits and timeouts are those the httpx client had: 1024 connections, connecting within
 `connect_timeout_s`, every read (and the wait for a free connection) within
-`request_timeout_s`, proxies from the environment. An idle connection is dropped after 4 s,
-before the engine's server (uvicorn: 5 s) closes it under a request.
+`request_timeout_s`, a proxy from the environment (`HTTP_PROXY`, `NO_PROXY`, …; looked up once
+per worker, not per request as aiohttp's `trust_env` does, on a thread). An idle connection is
+dropped after 4 s, before the engine's server (uvicorn: 5 s) closes it under a request. No
+cookie jar: a cookie one worker answer sets is not sent with other clients' requests.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+from aiohttp.helpers import get_env_proxy_for_url
+from yarl import URL
 
 from radixserve.router.config import RouterConfig
 
@@ -44,14 +48,26 @@ class Upstream:
             sock_read=config.request_timeout_s,
         )
         self._session: aiohttp.ClientSession | None = None
+        self._proxies: dict[str, tuple[URL | None, aiohttp.BasicAuth | None]] = {}
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, keepalive_timeout=KEEPALIVE_S)
             self._session = aiohttp.ClientSession(
-                connector=connector, timeout=self.timeout, trust_env=True
+                connector=connector, timeout=self.timeout, cookie_jar=aiohttp.DummyCookieJar()
             )
         return self._session
+
+    def proxy_for(self, worker_url: str) -> tuple[URL | None, aiohttp.BasicAuth | None]:
+        """The environment's proxy for a worker (None: connect directly), and its login."""
+        found = self._proxies.get(worker_url)
+        if found is None:
+            try:
+                found = get_env_proxy_for_url(URL(worker_url))
+            except LookupError:  # no proxy set for its scheme, or NO_PROXY names it
+                found = (None, None)
+            self._proxies[worker_url] = found
+        return found
 
     async def aclose(self) -> None:
         if self._session is not None:
