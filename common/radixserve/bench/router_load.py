@@ -31,16 +31,17 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 DONE = b"data: [DONE]\n\n"
 
 
-def tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of `pid` and its live descendants (all their threads)."""
-    total = 0
+def tree_cpu_s(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of `pid` and its live descendants (all their threads)."""
+    user = system = 0
     for p in tree_pids(pid):
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    return total / CLOCK_TICKS
+        user += int(fields[11])  # utime and stime: fields 14 and 15 of /proc/<pid>/stat
+        system += int(fields[12])
+    return user / CLOCK_TICKS, system / CLOCK_TICKS
 
 
 @dataclass(frozen=True)
@@ -138,14 +139,17 @@ def measure(
     pid: int | None, urls: Sequence[str], bodies: Sequence[bytes], concurrency: int, stream: bool
 ) -> dict[str, Any]:
     """One measured run; `pid` is the router's (None: the client talks to the engines)."""
-    cpu0 = tree_cpu_s(pid) if pid else 0.0
+    user0, sys0 = tree_cpu_s(pid) if pid else (0.0, 0.0)
     result = asyncio.run(run_load(urls, bodies, concurrency, stream))
-    cpu1 = tree_cpu_s(pid) if pid else 0.0
+    user1, sys1 = tree_cpu_s(pid) if pid else (0.0, 0.0)
     ok = len(result.latencies_s)
+    per_req = lambda s: round(1000 * s / max(ok, 1), 3) if pid else None  # noqa: E731
     return {
         "ok": ok,
         "failed": result.failed,
-        "cpu_ms_per_req": round(1000 * (cpu1 - cpu0) / max(ok, 1), 3) if pid else None,
+        "cpu_ms_per_req": per_req(user1 - user0 + sys1 - sys0),
+        "user_ms_per_req": per_req(user1 - user0),
+        "sys_ms_per_req": per_req(sys1 - sys0),
         "req_per_s": round(ok / result.duration_s, 1),
         "p50_ms": round(percentile_ms(result.latencies_s, 50), 2),
         "p99_ms": round(percentile_ms(result.latencies_s, 99), 2),

@@ -36,8 +36,8 @@ from radixserve.bench.router_load import ChatLoad, measure
 
 MODES = ("plain", "stream")
 COLUMNS = (
-    "router", "mode", "concurrency", "ok", "failed", "cpu_ms_per_req", "req_per_s", "p50_ms",
-    "p99_ms", "added_p50_ms", "added_p99_ms",
+    "router", "mode", "concurrency", "ok", "failed", "cpu_ms_per_req", "sys_ms_per_req",
+    "req_per_s", "p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms",
 )  # fmt: skip
 CHAT_PATH = "/v1/chat/completions"
 
