@@ -21,14 +21,13 @@ import random
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-import aiohttp
 from fastapi.responses import Response, StreamingResponse
 
 from radixserve.protocol.http_edge import SSE_DONE, error_response, sse_error
 from radixserve.router.config import RouterConfig
 from radixserve.router.metrics import RouterMetrics
 from radixserve.router.selector import Lease, Selector
-from radixserve.router.upstream import TRANSPORT_ERRORS, Upstream, is_connect_error
+from radixserve.router.upstream import ConnectFailed, Upstream, UpstreamError, UpstreamResponse
 from radixserve.router.workers import WorkerRegistry
 
 logger = logging.getLogger(__name__)
@@ -113,16 +112,14 @@ class Proxy:
     ) -> Response | None:
         """One try; None on a transport error before any answer (the lease is released)."""
         worker = lease.worker
-        proxy, proxy_auth = self.upstream.proxy_for(worker.url)
         try:
-            resp = await self.upstream.session().post(
-                worker.url + route,
-                data=self._body_for(lease, raw, body),
-                headers=self._headers_for(lease, headers),
-                proxy=proxy,
-                proxy_auth=proxy_auth,
+            resp = await self.upstream.post(
+                worker.url,
+                route,
+                self._body_for(lease, raw, body),
+                self._headers_for(lease, headers),
             )
-        except TRANSPORT_ERRORS as exc:
+        except UpstreamError as exc:
             await self._failed(lease, route, exc)
             return None
         worker.breaker.record(resp.status < 500)
@@ -130,34 +127,34 @@ class Proxy:
             return self._stream(lease, route, resp)
         try:
             content = await resp.read()
-        except TRANSPORT_ERRORS as exc:
+        except UpstreamError as exc:
             await self._failed(lease, route, exc)
             return None
         finally:
             resp.release()  # back to the pool when read whole, else closed
             lease.release()
         self.metrics.requests.labels(worker.url, route, str(resp.status)).inc()
-        media = resp.headers.get("content-type", "application/json")
+        media = resp.header("content-type", "application/json")
         return Response(content, status_code=resp.status, media_type=media)
 
-    async def _failed(self, lease: Lease, route: str, exc: BaseException) -> None:
+    async def _failed(self, lease: Lease, route: str, exc: UpstreamError) -> None:
         lease.release()
         worker = lease.worker
         worker.breaker.record(False)
         self.metrics.requests.labels(worker.url, route, "transport_error").inc()
         logger.info("request to worker failed url=%s error=%r", worker.url, exc)
-        if is_connect_error(exc):  # nothing listens: unambiguous, act now
+        if isinstance(exc, ConnectFailed):  # nothing listens: unambiguous, act now
             await self.registry.mark_unhealthy(worker, f"request failed: {type(exc).__name__}")
         else:
             self._recheck(lease)
 
-    def _stream(self, lease: Lease, route: str, resp: aiohttp.ClientResponse) -> StreamingResponse:
+    def _stream(self, lease: Lease, route: str, resp: UpstreamResponse) -> StreamingResponse:
         async def chunks() -> AsyncIterator[bytes]:
             outcome = "200"
             try:
-                async for chunk in resp.content.iter_any():  # as the bytes arrive
+                async for chunk in resp.stream():  # as the bytes arrive
                     yield chunk
-            except TRANSPORT_ERRORS as exc:
+            except UpstreamError as exc:
                 outcome = "stream_error"
                 lease.worker.breaker.record(False)
                 logger.info("stream broke url=%s error=%r", lease.worker.url, exc)
@@ -170,7 +167,7 @@ class Proxy:
                 lease.release()
                 self.metrics.requests.labels(lease.worker.url, route, outcome).inc()
 
-        media = resp.headers.get("content-type", "text/event-stream")
+        media = resp.header("content-type", "text/event-stream")
         return StreamingResponse(chunks(), status_code=resp.status, media_type=media)
 
     def _recheck(self, lease: Lease) -> None:
