@@ -1,7 +1,7 @@
 """RouterState: everything one router process holds, built from its RouterConfig.
 
 The lifespan of the app owns the background tasks (health checks, load polls, discovery)
-and the clients (httpx for the control plane, aiohttp's for the proxied requests); nothing
+and the clients (httpx for the control plane, upstream.Upstream for the proxied requests); nothing
 here is module-global.
 """
 
