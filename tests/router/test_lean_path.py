@@ -8,7 +8,8 @@ own routes behind the app's whole middleware stack, which is what `FastAPI.__cal
 - Through a real router process in front of a worker double (an HTTP server that answers
   SGLang's discovery routes and echoes the headers a chat request reached it with): the
   client's X-Request-ID, or the fresh one the router made, is the one the worker got and the
-  one the answer carries, plain and streamed.
+  one the answer carries, plain and streamed; a client that leaves a stream makes the router
+  leave the worker's stream too (what makes an engine abort the request).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -98,8 +100,16 @@ def test_the_lean_path_answers_as_the_middleware_stack_does() -> None:
 # ---- the request id reaches the worker ----------------------------------------------------------
 
 
-def _worker_double() -> FastAPI:
-    """SGLang's discovery routes, and a chat route that answers the headers it got."""
+@dataclass
+class Double:
+    """What the worker double saw: streams it ended because the router left them."""
+
+    abandoned: int = 0
+
+
+def _worker_double(seen: Double) -> FastAPI:
+    """SGLang's discovery routes, and a chat route that answers the headers it got (`slow`:
+    a stream of 200 events 50 ms apart, counting in `seen` when the router leaves early)."""
     app = FastAPI()
     info = {"page_size": 1, "dp_size": 1, "served_model_name": "double"}
     app.get("/health")(lambda: Response(status_code=200))
@@ -110,10 +120,18 @@ def _worker_double() -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         got = {"headers": dict(request.headers)}
-        if (await request.json()).get("stream"):
+        body = await request.json()
+        if body.get("stream"):
 
             async def events() -> AsyncIterator[bytes]:
                 yield f"data: {json.dumps(got)}\n\n".encode()
+                for _ in range(200 if body.get("slow") else 0):
+                    try:
+                        await asyncio.sleep(0.05)
+                    except asyncio.CancelledError:
+                        seen.abandoned += 1
+                        raise
+                    yield b"data: {}\n\n"
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream")
@@ -123,9 +141,14 @@ def _worker_double() -> FastAPI:
 
 
 @pytest.fixture
-def worker() -> Iterator[str]:
+def double() -> Double:
+    return Double()
+
+
+@pytest.fixture
+def worker(double: Double) -> Iterator[str]:
     sock = bind_retrying(listening_socket)
-    server = uvicorn.Server(uvicorn.Config(_worker_double(), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(_worker_double(double), log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
@@ -152,3 +175,18 @@ def test_the_request_id_reaches_the_worker_and_comes_back(worker: str) -> None:
                 got = json.loads(resp.text.split("\n")[0].removeprefix("data: "))
                 assert got["headers"]["x-request-id"] == expected == resp.headers["x-request-id"]
             assert len(fresh.headers["x-request-id"]) == 32
+
+
+def test_a_client_leaving_a_stream_makes_the_router_leave_the_worker(
+    worker: str, double: Double
+) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "slow": True}
+    with router_proc([worker], healthy=1) as router:
+        with httpx.stream("POST", router.url + "/v1/chat/completions", json=body) as resp:
+            assert resp.status_code == 200
+            next(resp.iter_lines())  # the first event, then the client goes
+        deadline = time.monotonic() + 5  # the whole stream would take 10 s
+        while double.abandoned == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert double.abandoned == 1
+        assert "Exception in ASGI application" not in router.log_tail()

@@ -14,7 +14,10 @@ same steps run in one function, in the stack's order, with the same answers:
    before the key is checked;
 4. without the API key, the 401 (http_edge.ApiKeyMiddleware);
 5. the body is read, a 413 as soon as it passes the limit; then parsed (a 400 naming the
-   field), tokenized and forwarded (`answer`, shared with the reference path).
+   field), tokenized and forwarded (`answer`, shared with the reference path);
+6. a stream is sent as Starlette's StreamingResponse sends it, and as there, a client that
+   leaves cancels it (the worker's connection is closed: the engine aborts the request), but
+   without the task group it opens for every stream: one task waits for the disconnect.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from radixserve.asgi_errors import EdgeConfig, body_too_large_body, internal_error_body
@@ -137,7 +140,10 @@ class LeanProxiedRoutes:
             await self._too_large(scope, receive, send)
             return
         response = await answer(self.state, scope["path"], raw, Headers(raw=raw_headers))
-        await response(scope, receive, send)
+        if isinstance(response, StreamingResponse):
+            await send_stream(response, receive, send)
+        else:
+            await response(scope, receive, send)
 
     async def _body(self, receive: Receive) -> bytes:
         """The whole body; _BodyTooLarge once it passes the limit; ClientDisconnect (a logged
@@ -160,3 +166,36 @@ class LeanProxiedRoutes:
         body = body_too_large_body(self.max_bytes)
         out = JSONResponse(body, status_code=413, headers={"Connection": "close"})
         await out(scope, receive, send)
+
+
+async def send_stream(response: StreamingResponse, receive: Receive, send: Send) -> None:
+    """Send `response`'s messages; when the client disconnects, stop at once (its iterator is
+    closed, so the worker's connection is too) and return as Starlette does."""
+    task = asyncio.current_task()
+    assert task is not None
+    left = False
+
+    async def watch() -> None:
+        nonlocal left
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        left = True
+        task.cancel()
+
+    watcher = asyncio.get_running_loop().create_task(watch())
+    chunks = response.body_iterator
+    try:
+        await send({"type": "http.response.start", "status": response.status_code,
+                    "headers": response.raw_headers})  # fmt: skip
+        async for chunk in chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        watcher.cancel()  # before the end: then receive() says disconnect, the client stayed
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except asyncio.CancelledError:
+        if not left:  # not the client's doing (the server shuts down)
+            raise
+        if hasattr(task, "uncancel"):  # Python 3.11+: the task is not being cancelled any more
+            task.uncancel()
+    finally:
+        watcher.cancel()
+        await chunks.aclose()  # type: ignore[attr-defined]  # an async generator's
