@@ -26,7 +26,6 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Mapping
 from typing import Any
 
 from starlette.datastructures import Headers
@@ -67,9 +66,7 @@ async def routing_tokens(
     return tokens
 
 
-async def answer(
-    state: RouterState, route: str, raw: bytes, headers: Mapping[str, str]
-) -> Response:
+async def answer(state: RouterState, route: str, raw: bytes, headers: Headers) -> Response:
     """A proxied request's answer: the 400 naming the field of a body that is no JSON object
     (or holds NaN/Infinity), else the worker's."""
     try:

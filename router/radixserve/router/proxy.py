@@ -18,10 +18,11 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi.responses import Response, StreamingResponse
+from starlette.datastructures import Headers
 
 from radixserve.protocol.http_edge import SSE_DONE, error_response, sse_error
 from radixserve.router.config import RouterConfig
@@ -33,7 +34,7 @@ from radixserve.router.workers import WorkerRegistry
 logger = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-FORWARDED_HEADERS = ("authorization", "x-request-id", "traceparent")
+FORWARDED_HEADERS = frozenset({b"authorization", b"x-request-id", b"traceparent"})
 NO_WORKER_RETRY_AFTER_S = 5
 
 
@@ -67,7 +68,7 @@ class Proxy:
         raw: bytes,
         body: dict[str, Any],
         tokens: list[int] | None,
-        headers: Mapping[str, str],
+        headers: Headers,
     ) -> Response:
         session = headers.get(self.config.session_header) if self.config.session_header else None
         tried: set[str] = set()
@@ -108,7 +109,7 @@ class Proxy:
         route: str,
         raw: bytes,
         body: dict[str, Any],
-        headers: Mapping[str, str],
+        headers: Headers,
     ) -> Response | None:
         """One try; None on a transport error before any answer (the lease is released)."""
         worker = lease.worker
@@ -181,8 +182,13 @@ class Proxy:
             return json.dumps(pinned, ensure_ascii=False, allow_nan=False).encode()
         return raw
 
-    def _headers_for(self, lease: Lease, headers: Mapping[str, str]) -> dict[str, str]:
-        out = {k: v for k, v in headers.items() if k.lower() in FORWARDED_HEADERS}
+    def _headers_for(self, lease: Lease, headers: Headers) -> dict[str, str]:
+        # from the raw pairs (names are lower case in ASGI): Headers.items() looks each one up
+        out = {
+            k.decode("latin-1"): v.decode("latin-1")
+            for k, v in headers.raw
+            if k in FORWARDED_HEADERS
+        }
         out["content-type"] = "application/json"
         out.update(lease.worker.headers())  # the worker's own key wins over the client's
         return out
