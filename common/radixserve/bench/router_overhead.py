@@ -6,9 +6,10 @@ Two fake engines (`fake_engine`, each its own process) answer the discovery rout
 the capture is saved and reused, and taken from `--capture-from`, or from an engine started for
 it). Each router in turn is started in front of both with `cache_aware`, and chats of tenants
 that share system prompts (`router_load.ChatLoad`) are sent through it, plain and streamed, at
-each concurrency. Per row: the router's CPU per request (user + system time of its whole
-process tree, read from /proc before and after), requests per second, latency p50/p99, and
-the latency it adds over the same load sent straight to the fakes (`direct`).
+each concurrency (`--peer-router-cmd` adds any other router, such as an older radixserve). Per
+row: the router's CPU per request (user + system time of its whole process tree, read from
+/proc before and after), requests per second, latency p50/p99, and the latency it adds over
+the same load sent straight to the fakes (`direct`).
 
 The client, the fakes and the router share the machine: on a busy or small machine the
 requests per second and latencies say more about the machine than the router; the CPU per
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -30,7 +32,7 @@ from typing import Any
 import httpx
 
 from radixserve.bench.report import print_table, write_json
-from radixserve.bench.router import wait_ready
+from radixserve.bench.router import peer_names, wait_ready
 from radixserve.bench.router_capture import Capture, capture_from, load_capture, save_capture
 from radixserve.bench.router_load import ChatLoad, measure
 
@@ -54,6 +56,13 @@ def add_router_overhead_parser(sub: Any) -> None:
     p.add_argument("--sglang-router-venv", default=None,
                    help="sglang-router's venv (scripts/peers/setup_sglang_router.sh)")  # fmt: skip
     p.add_argument("--routers", default="direct,radixserve,sglang-router")
+    p.add_argument(
+        "--peer-router-cmd",
+        action="append",
+        default=[],
+        help="another router, e.g. an older radixserve ({worker_urls}, {port})",
+    )
+    p.add_argument("--peer-name", action="append", default=[], help="its row name")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--concurrency", default="1,32,256")
     p.add_argument("--requests", type=int, default=2000, help="measured requests per row")
@@ -143,6 +152,9 @@ def fake_engines(args: argparse.Namespace, n: int = 2) -> Iterator[list[str]]:
 
 
 def router_command(args: argparse.Namespace, name: str, urls: list[str], port: int) -> list[str]:
+    peers = dict(zip(peer_names(args), args.peer_router_cmd, strict=True))
+    if name in peers:
+        return shlex.split(peers[name].format(worker_urls=" ".join(urls), port=port))
     if name == "radixserve":
         exe = str(Path(sys.executable).with_name("radixserve"))
         return [
@@ -202,7 +214,7 @@ def run_rows(args: argparse.Namespace, capture: Capture) -> list[dict[str, Any]]
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     rows = []
     with fake_engines(args) as urls:
-        for name in args.routers.split(","):
+        for name in [*args.routers.split(","), *peer_names(args)]:
             with started_router(args, name, urls, capture.model_name) as (pid, targets):
                 for mode in args.modes.split(","):
                     stream = mode == "stream"
