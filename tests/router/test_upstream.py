@@ -31,6 +31,7 @@ from radixserve.router.upstream import (
     UpstreamError,
     UpstreamTimeout,
 )
+from tests.child_env import child_env
 from tests.ports import bind_retrying, free_port, listening_socket
 
 OK = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"a": true}'
@@ -365,7 +366,7 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
          "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
          "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
+        check=True, capture_output=True, env=child_env(),
     )  # fmt: skip
     return cert, key
 
