@@ -1,4 +1,4 @@
-"""uvicorn's h11 protocol with a deadline for request headers, for the engine and the router.
+"""uvicorn's HTTP protocols with a deadline for request headers, for the engine and the router.
 
 uvicorn closes a keep-alive connection that stays idle after a response, but not one that
 never sends a complete request: a client that opens sockets and sends nothing, or half a
@@ -7,12 +7,16 @@ likes. Here the headers of each request must be complete within `header_timeout_
 connection being made (or of the previous response ending); if not, the connection is closed.
 A request whose headers arrived is not limited: its body and response take as long as they
 take (the route's own timeouts apply).
+
+The deadline is a mixin over either of uvicorn's parsers: the engine serves with h11's (pure
+Python), the router, whose CPU per request is what it costs, with httptools' (C).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -34,8 +38,13 @@ def header_timeout_from_env() -> float:
     return value
 
 
-class HeaderTimeoutProtocol(H11Protocol):
+class HeaderDeadline(asyncio.Protocol):
+    """Mixed in before a uvicorn protocol class (it reads `cycle`, `loop` and `transport`)."""
+
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    cycle: Any
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
     _header_timer: asyncio.TimerHandle | None = None
     _armed_cycle: object = None
 
@@ -55,8 +64,8 @@ class HeaderTimeoutProtocol(H11Protocol):
         if self.cycle is self._armed_cycle and not self.transport.is_closing():
             self.transport.close()
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # uvicorn's protocol: next in the MRO
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -65,7 +74,7 @@ class HeaderTimeoutProtocol(H11Protocol):
             self._disarm()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        super().on_response_complete()  # type: ignore[misc]  # uvicorn's, not asyncio's
         if not self.transport.is_closing():
             self._arm()
 
@@ -74,7 +83,21 @@ class HeaderTimeoutProtocol(H11Protocol):
         super().connection_lost(exc)
 
 
-def header_timeout_protocol(seconds: float | None = None) -> type[HeaderTimeoutProtocol]:
-    """The protocol class to give uvicorn (`http=`), with the deadline of this process."""
+class HeaderTimeoutProtocol(HeaderDeadline, H11Protocol):
+    pass
+
+
+def header_timeout_protocol(
+    seconds: float | None = None, parser: str = "h11"
+) -> type[asyncio.Protocol]:
+    """The protocol class to give uvicorn (`http=`), with the deadline of this process, over
+    uvicorn's `parser` ("h11" or "httptools": imported only when asked for)."""
     timeout = header_timeout_from_env() if seconds is None else seconds
-    return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout_s": timeout})
+    base: type[asyncio.Protocol] = HeaderTimeoutProtocol
+    if parser == "httptools":
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        base = type("HttpToolsHeaderTimeoutProtocol", (HeaderDeadline, HttpToolsProtocol), {})
+    elif parser != "h11":
+        raise ValueError(f"parser: expected h11 or httptools, got {parser!r}")
+    return type(base.__name__, (base,), {"header_timeout_s": timeout})

@@ -42,7 +42,8 @@ def run_router(args: argparse.Namespace) -> int:
         port=config.port,
         log_level=args.log_level,
         log_config=None,
-        # a connection that never sends its headers is closed
-        http=header_timeout_protocol(config.header_timeout_s),
+        # a connection that never sends its headers is closed; httptools parses in C
+        http=header_timeout_protocol(config.header_timeout_s, parser="httptools"),
+        loop="uvloop",
     )
     return 0

@@ -8,6 +8,7 @@ from radixserve.bench.cpu_gemm import add_cpu_gemm_parser
 from radixserve.bench.offline import add_offline_parser
 from radixserve.bench.one_batch import add_one_batch_parser
 from radixserve.bench.router import add_router_bench_parser
+from radixserve.bench.router_overhead import add_router_overhead_parser
 from radixserve.bench.serving import add_serving_parser
 from radixserve.bench.soak import add_soak_parser
 
@@ -20,4 +21,5 @@ def add_bench_parser(sub: Any) -> None:
     add_cpu_gemm_parser(bench_sub)
     add_serving_parser(bench_sub)
     add_router_bench_parser(bench_sub)
+    add_router_overhead_parser(bench_sub)
     add_soak_parser(bench_sub)

@@ -263,6 +263,7 @@ def _run_workloads(args: argparse.Namespace) -> list[dict[str, Any]]:
         up = argparse.Namespace(
             engine_base_port=31000, kv_events_base_port=15557, log_dir="/tmp/radixserve-bench",
             model_path=args.model_path, engine_args=engine_args, threads_per_replica=threads,
+            log_format="text",
         )  # fmt: skip
         replicas = [start_replica(up, i) for i in range(args.replicas)]
         wait_ready_replicas(replicas)

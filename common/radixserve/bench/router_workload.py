@@ -68,10 +68,15 @@ class TenantResult:
     error: str = ""
 
 
+def words(rng: random.Random, n: int) -> list[str]:
+    """`n` made-up words of one to three syllables (text every tokenizer splits alike)."""
+    return ["".join(rng.choices(_SYLLABLES, k=rng.randint(1, 3))) for _ in range(n)]
+
+
 def _units(rng: random.Random, n: int, cfg: TenantWorkload) -> list[str] | list[int]:
     if cfg.prompt_form == "ids":  # skip low ids, where tokenizers keep special tokens
         return [rng.randrange(100, cfg.vocab_size) for _ in range(n)]
-    return ["".join(rng.choices(_SYLLABLES, k=rng.randint(1, 3))) for _ in range(n)]
+    return words(rng, n)
 
 
 def _prompt(prefix: list[str] | list[int], question: list[str] | list[int]) -> str | list[int]:

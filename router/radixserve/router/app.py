@@ -1,34 +1,33 @@
-"""The router's FastAPI app: proxied inference routes, health, metrics.
+"""The router's app: proxied inference routes, health, metrics, the admin API.
 
 `/v1/completions`, `/v1/chat/completions` and `/generate` are tokenized exactly as the engine
 will (for the prefix match) and forwarded; the engine stays the judge of the request's
 content, so a body the router cannot tokenize is still forwarded and the worker answers it.
 The router itself only rejects what it cannot forward at all (a body that is not a JSON
 object, or holds NaN or Infinity), with the 400 naming the field that the engine gives.
+
+`RouterApp` is FastAPI with one difference: a POST to a proxied route skips the middleware
+stack and is served by `edge.LeanProxiedRoutes`, which does the stack's work in one function.
+FastAPI's own routes for them stay, as the reference path and for /openapi.json.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
 
-from radixserve.asgi_errors import EdgeConfig, install_edge_middleware
+from radixserve.asgi_errors import EdgeConfig, install_edge_middleware, max_body_bytes_from_env
 from radixserve.protocol.http_api import INFERENCE_BODIES, openapi_with_bodies
-from radixserve.protocol.http_edge import read_json_body
 from radixserve.router.admin import install_admin_routes
 from radixserve.router.auth import is_open_path
 from radixserve.router.config import RouterConfig
+from radixserve.router.edge import PROXIED_ROUTES, LeanProxiedRoutes, answer
 from radixserve.router.proxy import no_worker_response
 from radixserve.router.state import RouterState
-
-PROXIED_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")
-OFFLOAD_TOKENIZE_BYTES = 64 * 1024  # bodies above this are tokenized on a worker thread
 
 
 def st(request: Request) -> RouterState:
@@ -36,34 +35,26 @@ def st(request: Request) -> RouterState:
     return state
 
 
-async def routing_tokens(
-    state: RouterState, route: str, body: dict[str, Any], body_bytes: int
-) -> list[int] | None:
-    tokenizer = await state.tokenizers.get(state.registry)
-    if tokenizer is None:
-        return None
-    start = time.perf_counter()
-    try:
-        if body_bytes > OFFLOAD_TOKENIZE_BYTES:  # ~1 ms per 1.5k tokens: keep the loop free
-            tokens = await asyncio.to_thread(tokenizer.routing_tokens, route, body)
+class RouterApp(FastAPI):
+    """FastAPI, but a POST to a proxied route goes to `lean` (set by create_app) directly."""
+
+    lean: LeanProxiedRoutes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and scope["path"] in PROXIED_ROUTES
+            and not scope.get("root_path")  # a mounted app: FastAPI resolves the path
+        ):
+            await self.lean(scope, receive, send)
         else:
-            tokens = tokenizer.routing_tokens(route, body)
-    except ValueError:
-        return None  # e.g. a chat template error: the worker will answer it with a 400
-    state.metrics.tokenize.observe(time.perf_counter() - start)
-    return tokens
+            await super().__call__(scope, receive, send)
 
 
 def install_inference_routes(app: FastAPI) -> None:
     async def proxied(request: Request) -> Response:
-        body = await read_json_body(request)
-        if isinstance(body, Response):
-            return body
-        state = st(request)
-        route = request.url.path
-        size = int(request.headers.get("content-length") or 0)
-        tokens = await routing_tokens(state, route, body, size)
-        return await state.proxy.forward(route, body, tokens, request.headers)
+        return await answer(st(request), request.url.path, await request.body(), request.headers)
 
     for route in PROXIED_ROUTES:
         app.add_api_route(route, proxied, methods=["POST"])
@@ -95,7 +86,7 @@ def install_health_routes(app: FastAPI) -> None:
         return Response(st(request).metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-def create_app(config: RouterConfig) -> FastAPI:
+def create_app(config: RouterConfig) -> RouterApp:
     state = RouterState.build(config)
 
     @asynccontextmanager
@@ -106,7 +97,7 @@ def create_app(config: RouterConfig) -> FastAPI:
         finally:
             await state.stop()
 
-    app = FastAPI(title="radixserve router", lifespan=lifespan)
+    app = RouterApp(title="radixserve router", lifespan=lifespan)
     app.state.router = state
     install_inference_routes(app)
     install_health_routes(app)
@@ -114,4 +105,6 @@ def create_app(config: RouterConfig) -> FastAPI:
     app.openapi = openapi_with_bodies(app.openapi, INFERENCE_BODIES)  # type: ignore[method-assign]
     edge = EdgeConfig(config.max_request_body_bytes, config.api_key, is_open_path)
     install_edge_middleware(app, edge)
+    limit = edge.max_body_bytes or max_body_bytes_from_env()
+    app.lean = LeanProxiedRoutes(state, edge, limit)
     return app

@@ -1,7 +1,8 @@
 """Forwarding one request to a worker: retries before the first byte, pass-through after.
 
 - Each attempt takes a lease from the selector (which excludes workers already tried) and
-  sends the client's JSON body, plus `data_parallel_rank` for a worker with DP ranks.
+  sends the client's body as it came (it was parsed, not changed), or with
+  `data_parallel_rank` added for a worker with DP ranks.
 - Before anything reached the client, a transport error or a retryable status (408, 429,
   5xx) is retried on another worker with exponential backoff and jitter. A refused
   connection also marks the worker unhealthy at once (a dead worker gets no new requests).
@@ -14,24 +15,26 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 from fastapi.responses import Response, StreamingResponse
+from starlette.datastructures import Headers
 
 from radixserve.protocol.http_edge import SSE_DONE, error_response, sse_error
 from radixserve.router.config import RouterConfig
 from radixserve.router.metrics import RouterMetrics
 from radixserve.router.selector import Lease, Selector
+from radixserve.router.upstream import ConnectFailed, Upstream, UpstreamError, UpstreamResponse
 from radixserve.router.workers import WorkerRegistry
 
 logger = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-FORWARDED_HEADERS = ("authorization", "x-request-id", "traceparent")
+FORWARDED_HEADERS = frozenset({b"authorization", b"x-request-id", b"traceparent"})
 NO_WORKER_RETRY_AFTER_S = 5
 
 
@@ -48,24 +51,24 @@ class Proxy:
     def __init__(
         self,
         config: RouterConfig,
-        client: httpx.AsyncClient,
+        upstream: Upstream,
         selector: Selector,
         registry: WorkerRegistry,
         metrics: RouterMetrics,
     ) -> None:
         self.config = config
-        self.client = client
+        self.upstream = upstream
         self.selector = selector
         self.registry = registry
         self.metrics = metrics
-        self.timeout = httpx.Timeout(config.request_timeout_s, connect=config.connect_timeout_s)
 
-    async def forward(
+    async def forward(  # noqa: PLR0913 - one request: where, what (raw and parsed), how routed
         self,
         route: str,
+        raw: bytes,
         body: dict[str, Any],
         tokens: list[int] | None,
-        headers: Mapping[str, str],
+        headers: Headers,
     ) -> Response:
         session = headers.get(self.config.session_header) if self.config.session_header else None
         tried: set[str] = set()
@@ -79,7 +82,7 @@ class Proxy:
                 break
             self._count_decision(lease)
             tried.add(lease.worker.url)
-            result = await self._attempt(lease, route, body, headers)
+            result = await self._attempt(lease, route, raw, body, headers)
             if result is not None and not self._retryable(result):
                 return result
             last = result or last
@@ -100,56 +103,59 @@ class Proxy:
         self.metrics.prompt_tokens.labels(lease.worker.url).inc(lease.num_tokens)
         self.metrics.cached_tokens.labels(lease.worker.url).inc(lease.cached_tokens)
 
-    async def _attempt(
-        self, lease: Lease, route: str, body: dict[str, Any], headers: Mapping[str, str]
+    async def _attempt(  # noqa: PLR0913 - one try of forward's request
+        self,
+        lease: Lease,
+        route: str,
+        raw: bytes,
+        body: dict[str, Any],
+        headers: Headers,
     ) -> Response | None:
         """One try; None on a transport error before any answer (the lease is released)."""
         worker = lease.worker
-        request = self.client.build_request(
-            "POST",
-            worker.url + route,
-            json=self._body_for(lease, body),
-            headers=self._headers_for(lease, headers),
-            timeout=self.timeout,
-        )
         try:
-            resp = await self.client.send(request, stream=True)
-        except httpx.TransportError as exc:
+            resp = await self.upstream.post(
+                worker.url,
+                route,
+                self._body_for(lease, raw, body),
+                self._headers_for(lease, headers),
+            )
+        except UpstreamError as exc:
             await self._failed(lease, route, exc)
             return None
-        worker.breaker.record(resp.status_code < 500)
-        if bool(body.get("stream")) and resp.status_code == 200:
+        worker.breaker.record(resp.status < 500)
+        if bool(body.get("stream")) and resp.status == 200:
             return self._stream(lease, route, resp)
         try:
-            content = await resp.aread()
-        except httpx.TransportError as exc:
+            content = await resp.read()
+        except UpstreamError as exc:
             await self._failed(lease, route, exc)
             return None
         finally:
-            await resp.aclose()
+            resp.release()  # back to the pool when read whole, else closed
             lease.release()
-        self.metrics.requests.labels(worker.url, route, str(resp.status_code)).inc()
-        media = resp.headers.get("content-type", "application/json")
-        return Response(content, status_code=resp.status_code, media_type=media)
+        self.metrics.requests.labels(worker.url, route, str(resp.status)).inc()
+        media = resp.header("content-type", "application/json")
+        return Response(content, status_code=resp.status, media_type=media)
 
-    async def _failed(self, lease: Lease, route: str, exc: httpx.TransportError) -> None:
+    async def _failed(self, lease: Lease, route: str, exc: UpstreamError) -> None:
         lease.release()
         worker = lease.worker
         worker.breaker.record(False)
         self.metrics.requests.labels(worker.url, route, "transport_error").inc()
         logger.info("request to worker failed url=%s error=%r", worker.url, exc)
-        if isinstance(exc, httpx.ConnectError):  # nothing listens: unambiguous, act now
+        if isinstance(exc, ConnectFailed):  # nothing listens: unambiguous, act now
             await self.registry.mark_unhealthy(worker, f"request failed: {type(exc).__name__}")
         else:
             self._recheck(lease)
 
-    def _stream(self, lease: Lease, route: str, resp: httpx.Response) -> StreamingResponse:
+    def _stream(self, lease: Lease, route: str, resp: UpstreamResponse) -> StreamingResponse:
         async def chunks() -> AsyncIterator[bytes]:
             outcome = "200"
             try:
-                async for chunk in resp.aiter_raw():
+                async for chunk in resp.stream():  # as the bytes arrive
                     yield chunk
-            except httpx.TransportError as exc:
+            except UpstreamError as exc:
                 outcome = "stream_error"
                 lease.worker.breaker.record(False)
                 logger.info("stream broke url=%s error=%r", lease.worker.url, exc)
@@ -158,24 +164,31 @@ class Proxy:
                 yield SSE_DONE
                 self._recheck(lease)
             finally:
-                await resp.aclose()
+                resp.release()  # back to the pool when read whole, else closed: an abort
                 lease.release()
                 self.metrics.requests.labels(lease.worker.url, route, outcome).inc()
 
-        media = resp.headers.get("content-type", "text/event-stream")
-        return StreamingResponse(chunks(), status_code=resp.status_code, media_type=media)
+        media = resp.header("content-type", "text/event-stream")
+        return StreamingResponse(chunks(), status_code=resp.status, media_type=media)
 
     def _recheck(self, lease: Lease) -> None:
         """A broken stream may mean a dead worker: check now rather than at the next tick."""
         task = asyncio.get_running_loop().create_task(self.registry.check(lease.worker))
         task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
-    def _body_for(self, lease: Lease, body: dict[str, Any]) -> dict[str, Any]:
+    def _body_for(self, lease: Lease, raw: bytes, body: dict[str, Any]) -> bytes:
         if lease.worker.dp_size > 1:
-            return {**body, "data_parallel_rank": lease.dp_rank}
-        return body
+            pinned = {**body, "data_parallel_rank": lease.dp_rank}
+            return json.dumps(pinned, ensure_ascii=False, allow_nan=False).encode()
+        return raw
 
-    def _headers_for(self, lease: Lease, headers: Mapping[str, str]) -> dict[str, str]:
-        out = {k: v for k, v in headers.items() if k.lower() in FORWARDED_HEADERS}
+    def _headers_for(self, lease: Lease, headers: Headers) -> dict[str, str]:
+        # from the raw pairs (names are lower case in ASGI): Headers.items() looks each one up
+        out = {
+            k.decode("latin-1"): v.decode("latin-1")
+            for k, v in headers.raw
+            if k in FORWARDED_HEADERS
+        }
+        out["content-type"] = "application/json"
         out.update(lease.worker.headers())  # the worker's own key wins over the client's
         return out

@@ -1,7 +1,8 @@
 """RouterState: everything one router process holds, built from its RouterConfig.
 
 The lifespan of the app owns the background tasks (health checks, load polls, discovery)
-and the shared httpx client; nothing here is module-global.
+and the clients (httpx for the control plane, upstream.Upstream for the proxied requests); nothing
+here is module-global.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from radixserve.router.policies import make_policy
 from radixserve.router.proxy import Proxy
 from radixserve.router.selector import Selector
 from radixserve.router.tokenization import RouterTokenizer
+from radixserve.router.upstream import Upstream
 from radixserve.router.workers import WorkerRegistry
 
 logger = logging.getLogger(__name__)
@@ -68,7 +70,8 @@ class TokenizerSource:
 @dataclass
 class RouterState:
     config: RouterConfig
-    client: httpx.AsyncClient
+    client: httpx.AsyncClient  # the control plane's (health, loads, probes, admin)
+    upstream: Upstream  # the proxied requests'
     index: CacheIndex
     registry: WorkerRegistry
     selector: Selector
@@ -85,9 +88,10 @@ class RouterState:
         registry = WorkerRegistry(config, client, index)
         selector = Selector(registry, index, make_policy(config))
         metrics = RouterMetrics(registry, index)
-        proxy = Proxy(config, client, selector, registry, metrics)
+        upstream = Upstream(config)
+        proxy = Proxy(config, upstream, selector, registry, metrics)
         tokenizers = TokenizerSource(config.tokenizer_path)
-        return cls(config, client, index, registry, selector, proxy, metrics, tokenizers)
+        return cls(config, client, upstream, index, registry, selector, proxy, metrics, tokenizers)
 
     async def start(self) -> None:
         await self.index.start()
@@ -114,4 +118,5 @@ class RouterState:
                 await task
         self.tasks.clear()
         await self.index.aclose()
+        await self.upstream.aclose()
         await self.client.aclose()

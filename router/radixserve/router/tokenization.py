@@ -26,6 +26,7 @@ from tokenizers import AddedToken, Tokenizer
 
 from radixserve.protocol.request_fields import is_token_id, message_dicts
 from radixserve.router.chat_template import render_chat
+from radixserve.router.token_pieces import PieceEncoder, encode_whole
 
 logger = logging.getLogger(__name__)
 
@@ -47,15 +48,6 @@ SPECIAL_TOKEN_NAMES = (
 )
 
 
-def _ids(backend: Tokenizer, text: str, add_special_tokens: bool) -> list[int]:
-    # encode_batch_fast (tokenizers >= 0.20) skips the character offsets: same ids, ~30% faster
-    fast = getattr(backend, "encode_batch_fast", None)
-    if fast is None:
-        return backend.encode(text, add_special_tokens=add_special_tokens).ids
-    ids: list[int] = fast([text], add_special_tokens=add_special_tokens)[0].ids
-    return ids
-
-
 def _is_ids(x: object) -> bool:
     return isinstance(x, list) and bool(x) and all(is_token_id(t) for t in x)
 
@@ -65,6 +57,10 @@ class RouterTokenizer:
     backend: Tokenizer
     chat_template: str | dict[str, str] | None
     special_tokens: dict[str, str]
+    # the ids without post-processing, from remembered pieces (shared system prompts)
+    pieces: PieceEncoder
+    # the post-processor adds no token: add_special_tokens=True encodes from pieces too
+    adds_nothing: bool
 
     # ---- construction ---------------------------------------------------------------------------
 
@@ -138,7 +134,14 @@ class RouterTokenizer:
         backend.no_truncation()
         backend.no_padding()
         backend.encode_special_tokens = split
-        return cls(backend, template, specials)
+        probe = ["a b", ""]
+        adds_nothing = encode_whole(backend, probe, True) == encode_whole(backend, probe, False)
+        return cls(backend, template, specials, PieceEncoder(backend), adds_nothing)
+
+    def _ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        if add_special_tokens and not self.adds_nothing:
+            return encode_whole(self.backend, [text], True)[0]
+        return self.pieces.encode(text)
 
     # ---- encoding -------------------------------------------------------------------------------
 
@@ -150,7 +153,7 @@ class RouterTokenizer:
         """A text prompt's ids, as the engine's /generate and /v1/completions compute them."""
         if not isinstance(text, str):
             raise ValueError("prompt: expected a string")
-        return _ids(self.backend, text, True)
+        return self._ids(text, True)
 
     def chat_text(self, messages: Any, chat_template_kwargs: Any = None) -> str:
         """The templated prompt text of an OpenAI `messages` list."""
@@ -163,7 +166,7 @@ class RouterTokenizer:
         """A chat request's prompt ids, as the engine's /v1/chat/completions computes them."""
         text = self.chat_text(messages, chat_template_kwargs)
         bos = self.bos_token
-        return _ids(self.backend, text, not (bos and text.startswith(bos)))
+        return self._ids(text, not (bos and text.startswith(bos)))
 
     def routing_tokens(self, path: str, body: dict[str, Any]) -> list[int] | None:
         """The ids of the request's (first) prompt, or None when the body has no usable prompt
@@ -174,12 +177,7 @@ class RouterTokenizer:
             ids = self._prompt_tokens(path, body)
         except ValueError:
             return None
-        if ids is None:
-            return None
-        # an empty prompt or client-sent ids outside the vocabulary are the engine's 400, not a
-        # routing key
-        vocab = self.backend.get_vocab_size(with_added_tokens=True)
-        return ids if ids and all(0 <= t < vocab for t in ids) else None
+        return ids or None  # an empty prompt is the engine's 400, not a routing key
 
     def _prompt_tokens(self, path: str, body: dict[str, Any]) -> list[int] | None:
         if path == GENERATE_PATH:
@@ -199,7 +197,7 @@ class RouterTokenizer:
         if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
             return self._first_text(text)
         if isinstance(ids, list) and _is_ids(ids):  # a bool is no token id (the engine refuses it)
-            return list(ids)
+            return self._client_ids(ids)
         if isinstance(ids, list) and ids and all(_is_ids(x) for x in ids):
             return self._first_ids(ids)
         return None
@@ -208,6 +206,12 @@ class RouterTokenizer:
     # one empty prompt (or ids outside the vocabulary) anywhere is its 400 for all of them.
     def _first_text(self, texts: list[str]) -> list[int] | None:
         return self.encode_prompt(texts[0]) if all(texts) else None
+
+    def _client_ids(self, ids: list[int]) -> list[int] | None:
+        """Ids the client sent: outside the vocabulary they are the engine's 400, not a routing
+        key (ids the tokenizer made are inside it)."""
+        vocab = self.backend.get_vocab_size(with_added_tokens=True)
+        return list(ids) if all(0 <= t < vocab for t in ids) else None
 
     def _first_ids(self, batch: list[list[int]]) -> list[int] | None:
         vocab = self.backend.get_vocab_size(with_added_tokens=True)
@@ -222,7 +226,7 @@ class RouterTokenizer:
         if all(isinstance(p, str) for p in prompt):
             return self._first_text(prompt)
         if all(is_token_id(t) for t in prompt):
-            return list(prompt)
+            return self._client_ids(prompt)
         if all(_is_ids(p) for p in prompt):
             return self._first_ids(prompt)
         return None
