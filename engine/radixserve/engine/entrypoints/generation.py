@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from radixserve.engine.ipc.finish_reason import FinishReason
 from radixserve.engine.tokenizer.io_struct import GenerateChunk, GenerateInput
@@ -111,6 +113,25 @@ async def collect(tm: TokenizerManager, inputs: list[GenerateInput]) -> list[Gen
         return list(await asyncio.gather(*tasks))
     finally:
         await _cancel_all(tasks)  # one failed (or we were cancelled): abort the others
+
+
+class SSEResponse(StreamingResponse):
+    """A text/event-stream response that closes its body generator when it ends.
+
+    Starlette cancels the task that iterates the body when the client disconnects, which leaves
+    the generator suspended at its `yield`: its `finally` (which aborts the requests) would then
+    run only when the garbage collector finalizes it, at a time that depends on the event loop
+    (uvloop and asyncio differ). Closing it here aborts them at once, on every loop."""
+
+    def __init__(self, events: AsyncGenerator[bytes, None]) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self._events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._events.aclose()
 
 
 async def stream_chunks(

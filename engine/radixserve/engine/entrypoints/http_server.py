@@ -9,17 +9,18 @@ openai_serving). All request state lives in the TokenizerManager (`app.state.ser
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from radixserve.asgi_errors import EdgeConfig
 from radixserve.engine.entrypoints.generation import (
     DONE,
     GenerateOutput,
+    SSEResponse,
     collect,
     native_output,
     sse,
@@ -130,7 +131,7 @@ def _raise_on_abort(outs: list[GenerateOutput]) -> None:
 
 async def _native_events(
     state: ServerState, inputs: list[GenerateInput], return_logprob: bool
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """SSE of /generate: each chunk as SGLang sends it (cumulative text and ids so far)."""
     outs = [GenerateOutput() for _ in inputs]
     try:
@@ -169,9 +170,7 @@ def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per
         inputs, single = generate_inputs(state, body)
         lp = inputs[0].return_logprob if inputs else False
         if inputs and inputs[0].stream:
-            return StreamingResponse(
-                _native_events(state, inputs, lp), media_type="text/event-stream"
-            )
+            return SSEResponse(_native_events(state, inputs, lp))
         tm = state.tokenizer_manager
         outs = await until_disconnect(request, lambda: collect(tm, inputs))
         _raise_on_abort(outs)

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from radixserve.engine.entrypoints.generation import (
     DONE,
     GenerateOutput,
+    SSEResponse,
     collect,
     sse,
     stream_chunks,
@@ -111,7 +112,7 @@ async def _events(
     call: _Call,
     prologue: list[Chunk],
     on_chunk: Callable[[int, GenerateChunk], Iterable[Chunk]],
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """SSE body: prologue, per-chunk payloads, optional usage chunk, then [DONE].
 
     Closing this generator (client gone) closes stream_chunks, which aborts the requests.
@@ -136,8 +137,8 @@ async def _events(
     yield DONE
 
 
-def _streaming(events: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(events, media_type="text/event-stream")
+def _streaming(events: AsyncGenerator[bytes, None]) -> StreamingResponse:
+    return SSEResponse(events)
 
 
 # ---- /v1/completions ----------------------------------------------------------------------------
@@ -191,7 +192,7 @@ async def create_completion(request: Request) -> Response:
 
 def _completion_stream(
     request: Request, call: _Call, echoes: list[str], want_lp: bool, with_top: bool
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     count = len(call.inputs)
     offsets, echoed = [0] * count, [False] * count
 
@@ -304,7 +305,7 @@ async def create_chat_completion(request: Request) -> Response:
     return JSONResponse(body)
 
 
-def _chat_stream(request: Request, call: _Call, want_lp: bool) -> AsyncIterator[bytes]:
+def _chat_stream(request: Request, call: _Call, want_lp: bool) -> AsyncGenerator[bytes, None]:
     kind = call.chunk_kind
 
     def choice(i: int, delta: Chunk, lp: Any = None, reason: Any = None, **extra: Any) -> Chunk:
