@@ -63,7 +63,7 @@ def error_response(
 async def read_json_body(request: Request) -> dict[str, Any] | JSONResponse:
     """The body as a JSON object, else the 400 naming the field (json_body's parser): the
     router's answer, and the engine's through its InvalidRequest handler. A NaN or Infinity
-    could not be forwarded anyway: httpx writes standard JSON only."""
+    could not be forwarded anyway: the router writes standard JSON only."""
     try:
         return parse_json_object(await request.body())
     except BodyError as exc:
