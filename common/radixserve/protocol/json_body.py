@@ -3,8 +3,9 @@ so both answer a bad body with the same 400 naming the same field. Owns no state
 
 Python's `json` takes `NaN`, `Infinity` and `-Infinity`, and turns a literal beyond the float
 range (`1e999`) into infinity. Standard JSON has no such numbers: the router could not forward
-them (it re-encodes a body with `allow_nan=False` when it adds `data_parallel_rank`: a 500) and the engine would hand them to sampling. Here each
-is a `BodyError` naming the field that holds it, as a path (`temperature`,
+them (it re-encodes a body with `allow_nan=False` when it adds `data_parallel_rank`: a 500)
+and the engine would hand them to sampling. Here each is a `BodyError` naming the field that
+holds it, as a path (`temperature`,
 `sampling_params.top_p`, `messages[0].content`).
 """
 
