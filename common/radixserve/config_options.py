@@ -116,9 +116,9 @@ def flag_choices(cls: type[DataclassInstance]) -> dict[str, list[str]]:
 
 def check_choices(config: DataclassInstance) -> None:
     """ValueError naming the first field of dataclass instance `config` whose value is not one
-    of its choices."""
+    of its choices (None, an optional flag left unset, is always allowed)."""
     for f in flag_fields(type(config)):
         choices = f.metadata.get("choices")
         value = getattr(config, f.name)
-        if choices and value not in choices:
+        if choices and value is not None and value not in choices:
             raise ValueError(f"{f.name}: must be one of {', '.join(choices)}, got {value!r}")

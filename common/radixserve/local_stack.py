@@ -35,6 +35,8 @@ class Replica:
     kv_events_port: int
     proc: subprocess.Popen[bytes]
     log_path: Path
+    role: str | None = None  # prefill / decode with `up --prefill N --decode M`
+    bootstrap_port: int | None = None  # a prefill's
 
     @property
     def url(self) -> str:
@@ -47,6 +49,11 @@ class Replica:
 def add_up_parser(sub: Any) -> None:
     p = sub.add_parser("up", help="run N engine replicas and the router locally")
     p.add_argument("--replicas", type=int, default=2)
+    p.add_argument(
+        "--prefill", type=int, default=0, help="prefill replicas (with --decode: PD, no --replicas)"
+    )
+    p.add_argument("--decode", type=int, default=0, help="decode replicas (with --prefill)")
+    p.add_argument("--bootstrap-base-port", type=int, default=8998, help="prefill i: base + i")
     p.add_argument("--model-path", default="smollm2-135m")
     p.add_argument("--host", default="127.0.0.1", help="router address")
     p.add_argument("--port", type=int, default=8000, help="router port")
@@ -67,7 +74,28 @@ def _console_script() -> str:
     return str(Path(sys.executable).with_name("radixserve"))
 
 
-def start_replica(args: argparse.Namespace, index: int) -> Replica:
+def roles(args: argparse.Namespace) -> list[str | None]:
+    """Each replica's role: N co-located ones, or --prefill prefills then --decode decodes."""
+    if args.prefill or args.decode:
+        if args.prefill < 1 or args.decode < 1:
+            raise ValueError("prefill / decode: both must be ≥ 1 for a PD stack")
+        pd: list[str | None] = ["prefill"] * args.prefill
+        return pd + ["decode"] * args.decode
+    if args.replicas < 1:
+        raise ValueError(f"replicas: must be ≥ 1, got {args.replicas}")
+    return [None] * args.replicas
+
+
+def _role_flags(args: argparse.Namespace, index: int, role: str | None) -> list[str]:
+    if role is None:
+        return []
+    flags = ["--disaggregation-mode", role]
+    if role == "prefill":
+        flags += ["--disaggregation-bootstrap-port", str(args.bootstrap_base_port + index)]
+    return flags
+
+
+def start_replica(args: argparse.Namespace, index: int, role: str | None = None) -> Replica:
     port = args.engine_base_port + index
     kv_port = args.kv_events_base_port + 2 * index  # +1 is the replay port
     log_dir = Path(args.log_dir)
@@ -76,13 +104,27 @@ def start_replica(args: argparse.Namespace, index: int) -> Replica:
     cmd = [
         _console_script(), "serve", "--model-path", args.model_path,
         "--host", "127.0.0.1", "--port", str(port), "--kv-events-port", str(kv_port),
-        "--log-format", args.log_format,
+        "--log-format", args.log_format, *_role_flags(args, index, role),
         *shlex.split(args.engine_args),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads_per_replica)}
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    return Replica(index, port, kv_port, proc, log_path)
+    bootstrap = args.bootstrap_base_port + index if role == "prefill" else None
+    return Replica(index, port, kv_port, proc, log_path, role, bootstrap)
+
+
+def worker_flags(replicas: list[Replica]) -> list[str]:
+    """The router's workers: --worker-urls, or sglang-router's PD shape for a PD stack."""
+    if all(r.role is None for r in replicas):
+        return ["--worker-urls", *(r.url for r in replicas)]
+    flags = ["--pd-disaggregation"]
+    for r in replicas:
+        if r.role == "prefill":
+            flags += ["--prefill", r.url, str(r.bootstrap_port)]
+        else:
+            flags += ["--decode", r.url]
+    return flags
 
 
 def wait_ready_replicas(replicas: list[Replica]) -> None:
@@ -125,7 +167,8 @@ def ready_table(args: argparse.Namespace, replicas: list[Replica]) -> str:
     rows = [("", "url", "kv events (replay)", "metrics", "log")]
     for r in replicas:
         kv = f"tcp://127.0.0.1:{r.kv_events_port} ({r.kv_events_port + 1})"
-        rows.append((f"engine {r.index}", r.url, kv, f"{r.url}/metrics", str(r.log_path)))
+        name = f"engine {r.index}" + (f" ({r.role})" if r.role else "")
+        rows.append((name, r.url, kv, f"{r.url}/metrics", str(r.log_path)))
     rows.append((f"router ({args.policy})", router, "", f"{router}/metrics", "this terminal"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
@@ -137,7 +180,8 @@ def ready_table(args: argparse.Namespace, replicas: list[Replica]) -> str:
 def _banner(args: argparse.Namespace) -> str:
     base = f"http://{args.host}:{args.port}"
     return (
-        f"router ({args.policy}) on {base} in front of {args.replicas} replicas; Ctrl-C stops all\n"
+        f"router ({args.policy}) on {base} in front of {len(roles(args))} replicas; Ctrl-C stops "
+        "all\n"
         f"  curl {base}/v1/chat/completions -H 'Content-Type: application/json' "
         f'-d \'{{"model": "{args.model_path}", "messages": [{{"role": "user", '
         f'"content": "Hello!"}}]}}\'\n'
@@ -146,20 +190,18 @@ def _banner(args: argparse.Namespace) -> str:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    if args.replicas < 1:
-        raise ValueError(f"replicas: must be ≥ 1, got {args.replicas}")
+    kinds = roles(args)
     from radixserve.router_cli import add_router_parser
 
-    print(f"starting {args.replicas} engine replicas (logs in {args.log_dir})", flush=True)
-    replicas = [start_replica(args, i) for i in range(args.replicas)]
+    print(f"starting {len(kinds)} engine replicas (logs in {args.log_dir})", flush=True)
+    replicas = [start_replica(args, i, role) for i, role in enumerate(kinds)]
     try:
         wait_ready_replicas(replicas)
         parser = argparse.ArgumentParser(prog="radixserve up")
         add_router_parser(parser.add_subparsers())
-        urls = [r.url for r in replicas]
         router_argv = [
             "router", "--host", args.host, "--port", str(args.port), "--policy", args.policy,
-            "--worker-urls", *urls, *shlex.split(args.router_args),
+            *worker_flags(replicas), *shlex.split(args.router_args),
         ]  # fmt: skip
         router_args = parser.parse_args(router_argv)
         router_args.log_level = args.log_level

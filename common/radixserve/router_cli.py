@@ -29,7 +29,7 @@ def run_router(args: argparse.Namespace) -> int:
     config = config_from_namespace(args)
     if args.log_level != "debug":  # one line per proxied request is the access log's job
         logging.getLogger("httpx").setLevel(logging.WARNING)
-    if not config.worker_urls and not config.k8s_service:
+    if not (config.worker_urls or config.k8s_service or config.pd_disaggregation):
         status_line(
             "radixserve router: no --worker-urls or --k8s-service: add workers via POST /workers"
         )

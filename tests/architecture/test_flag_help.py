@@ -17,7 +17,12 @@ from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.router.config import RouterConfig
 
 CONFIGS: dict[str, type] = {"serve": ServerArgs, "router": RouterConfig}
-NOT_FLAGS = {"serve": set(), "router": {"extra"}}  # RouterConfig.extra: for embedding callers
+NOT_FLAGS = {
+    "serve": set(),
+    # RouterConfig.extra: for embedding callers; the PD pools: --prefill URL [PORT] and --decode
+    # URL, added by add_router_args (a flag of one or two values)
+    "router": {"extra", "prefill_urls", "prefill_bootstrap_ports", "decode_urls"},
+}
 
 
 @pytest.mark.parametrize("command", list(CONFIGS))

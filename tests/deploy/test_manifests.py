@@ -133,3 +133,13 @@ def test_crd_schema_rejects_a_broken_example(
     node[field[-1]] = value
     with pytest.raises(AssertionError, match=error):
         validate_isvc(obj, crd)
+
+
+def test_pd_example_validates_and_parses(crd: dict[str, Any]) -> None:
+    from radixserve.operator.spec import parse_spec
+
+    isvc = _example("smollm2-pd.yaml")
+    spec = validate_isvc(isvc, crd)["spec"]
+    assert spec["prefill"]["bootstrapPort"] == 8998 and spec["decode"]["replicas"] == 2
+    parsed = parse_spec(spec, isvc["metadata"]["name"])
+    assert parsed.pd is not None and parsed.pd.decode.replicas == 2

@@ -81,7 +81,7 @@ def served(tmp_path: Path) -> tuple[TestClient, FakeTM]:
     tm = FakeTM(tok)
     app = FastAPI()
     app.state.server = SimpleNamespace(
-        args=SimpleNamespace(model_name="m"),
+        args=SimpleNamespace(model_name="m", tool_call_parser=None, reasoning_parser=None),
         tokenizer=tok,
         tokenizer_manager=tm,
         model_info={"context_length": 64},

@@ -39,6 +39,10 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"chunked_prefill_size": 0}, "chunked_prefill_size"),
     ({"chunked_prefill_size": -2}, "chunked_prefill_size"),
     ({"chunked_prefill_size": 15, "page_size": 16}, "chunked_prefill_size"),
+    ({"grammar_backend": "outlines"}, "grammar_backend"),
+    ({"constrained_json_max_whitespace_cnt": 0}, "constrained_json_max_whitespace_cnt"),
+    ({"tool_call_parser": "gpt-9"}, "tool_call_parser"),
+    ({"reasoning_parser": "think"}, "reasoning_parser"),
 ]
 
 

@@ -71,6 +71,25 @@ SMOLLM_KEYS: dict[str, Any] = {
     "router": {**SMOLLM_CPU["router"], "adminKeySecretRef": {"name": "chat-keys", "key": "admin"}},
 }
 
+# Prefill/decode disaggregation: two pools of one model, pages and dtype agreeing.
+SMOLLM_PD: dict[str, Any] = {
+    "model": {"name": "smollm2-135m", "source": {"builtin": "smollm2-135m"}},
+    "prefill": {
+        "replicas": 1,
+        "bootstrapPort": 8998,
+        "resources": {"cpu": 2, "memory": "4Gi"},
+        "kvCache": {"pageSize": 16},
+        "extraArgs": ["--dtype", "float32"],
+    },
+    "decode": {
+        "replicas": 2,
+        "resources": {"cpu": 2, "memory": "4Gi"},
+        "kvCache": {"pageSize": 16, "maxTotalTokens": 65536},
+        "extraArgs": ["--dtype=float32"],
+    },
+    "router": {"policy": "cache_aware"},
+}
+
 CASES = {
     "smollm-cpu": SMOLLM_CPU,
     "moe-gpu": MOE_GPU,
@@ -78,6 +97,7 @@ CASES = {
     "hostpath-tp": HOSTPATH_TP,
     "smollm-autoscaled": SMOLLM_AUTOSCALED,
     "smollm-keys": SMOLLM_KEYS,
+    "smollm-pd": SMOLLM_PD,
 }
 
 

@@ -20,7 +20,15 @@ from radixserve.operator.engine_manifests import engine_args
 from radixserve.operator.meta import Owner
 from radixserve.operator.router_manifests import router_args
 from radixserve.operator.spec import parse_spec
-from tests.operator.cases import CASES, HOSTPATH_TP, MOE_GPU, PVC_SUSPENDED, SMOLLM_CPU, UID
+from tests.operator.cases import (
+    CASES,
+    HOSTPATH_TP,
+    MOE_GPU,
+    PVC_SUSPENDED,
+    SMOLLM_CPU,
+    SMOLLM_PD,
+    UID,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
@@ -53,8 +61,11 @@ def test_every_child_passes_kubernetes_strict_validation(case: str) -> None:
     built = [(c["apiVersion"], c["kind"], c["metadata"]["name"]) for c in children]
     # every child in child_refs order; only the HPA is optional
     assert built == [ref for ref in child_refs(OWNER.name) if ref in built]
-    assert set(child_refs(OWNER.name)) - set(built) <= {
-        ("autoscaling/v2", "HorizontalPodAutoscaler", "chat")
+    # only the HPA is optional, and either the engine pool or the prefill/decode pools
+    pools = {"chat-engine"} if "prefill" in CASES[case] else {"chat-prefill", "chat-decode"}
+    assert {ref for ref in child_refs(OWNER.name) if ref not in built} <= {
+        ("autoscaling/v2", "HorizontalPodAutoscaler", "chat"),
+        *((api, kind, name) for api, kind, name in child_refs(OWNER.name) if name in pools),
     }
     for child in children:
         kubernetes_validate.validate(child, K8S, strict=True)
@@ -174,3 +185,40 @@ def test_suspend_scales_both_deployments_to_zero() -> None:
     [claim] = [v["persistentVolumeClaim"] for v in engine["volumes"] if v["name"] == "model"]
     assert claim == {"claimName": "models", "readOnly": True}
     assert "/models/llama-3-8b" in engine["containers"][0]["args"]
+
+
+def test_pd_pools_args_parse_with_the_engines_and_routers_own_parsers() -> None:
+    from radixserve.engine.configs.cli_args import server_args_from_namespace
+    from radixserve.router.config import add_router_args, config_from_namespace
+
+    spec = parse_spec(SMOLLM_PD, "chat")
+    prefill = server_args_from_namespace(
+        _engine_namespace(engine_args(spec.for_role("prefill"), "prefill"))
+    )
+    decode = server_args_from_namespace(
+        _engine_namespace(engine_args(spec.for_role("decode"), "decode"))
+    )
+    assert (prefill.disaggregation_mode, prefill.disaggregation_bootstrap_port) == ("prefill", 8998)
+    assert decode.disaggregation_mode == "decode"
+    assert prefill.page_size == decode.page_size == 16 and prefill.dtype == decode.dtype
+    parser = argparse.ArgumentParser()
+    add_router_args(parser)
+    config = config_from_namespace(parser.parse_args(router_args(OWNER, spec)[1:]))
+    assert config.pd_disaggregation and config.k8s_service is None
+    assert (config.k8s_prefill_service, config.k8s_decode_service) == (
+        "chat-prefill",
+        "chat-decode",
+    )
+    assert config.k8s_bootstrap_port == 8998
+    children = {(c["kind"], c["metadata"]["name"]): c for c in _children(SMOLLM_PD)}
+    service = children[("Service", "chat-prefill")]
+    assert {"name": "bootstrap", "port": 8998, "targetPort": "bootstrap", "protocol": "TCP"} in (
+        service["spec"]["ports"]
+    )
+    roles = {
+        name: d["spec"]["selector"]["matchLabels"]["radixserve.io/role"]
+        for (kind, name), d in children.items()
+        if kind == "Deployment" and name != "chat-router"
+    }
+    assert roles == {"chat-prefill": "prefill", "chat-decode": "decode"}
+    assert children[("Deployment", "chat-decode")]["spec"]["replicas"] == 2

@@ -3,6 +3,7 @@ valid specs come through as frozen dataclasses."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
@@ -17,7 +18,7 @@ from radixserve.operator.schema import (
     SpecError,
 )
 from radixserve.operator.spec import parse_spec
-from tests.operator.cases import CASES, spec_with
+from tests.operator.cases import CASES, SMOLLM_PD, spec_with
 
 MODEL = {"name": "m", "source": {"builtin": "smollm2-135m"}}
 
@@ -122,3 +123,57 @@ def test_missing_model_is_named() -> None:
     with pytest.raises(SpecError) as err:
         parse_spec({}, "chat")
     assert err.value.field == "spec.model"
+
+
+def _pd(**changes: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(SMOLLM_PD)
+    for path, value in changes.items():
+        role, key = path.split("__")
+        if value is None:
+            spec[role].pop(key, None)
+        else:
+            spec[role][key] = value
+    return spec
+
+
+def test_pd_pools_parse_with_their_bootstrap_port() -> None:
+    spec = parse_spec(SMOLLM_PD, "chat")
+    assert spec.pd is not None and spec.pd.bootstrap_port == 8998
+    assert (spec.pd.prefill.replicas, spec.pd.decode.replicas) == (1, 2)
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "words"),
+    [
+        ({"decode__kvCache": {"pageSize": 1}}, "spec.decode.kvCache", "prefill 16, decode 1"),
+        ({"decode__extraArgs": ["--dtype", "bfloat16"]}, "spec.decode.extraArgs", "float32"),
+        ({"decode__device": "cuda"}, "spec.decode.device", "prefill cpu, decode cuda"),
+        ({"prefill__parallelism": {"tp": 2}}, "spec.prefill.parallelism", "tp = dp = ep = 1"),
+        ({"prefill__bootstrapPort": 30000}, "spec.prefill.bootstrapPort", "free port"),
+        ({"decode__bootstrapPort": 9000}, "spec.decode.bootstrapPort", "unknown field"),
+        (
+            {"prefill__extraArgs": ["--disaggregation-mode", "decode"]},
+            "spec.prefill.extraArgs",
+            "set by",
+        ),
+    ],
+)
+def test_pd_pairs_that_cannot_work_are_refused(
+    changes: dict[str, Any], field: str, words: str
+) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_spec(_pd(**changes), "chat")
+    assert err.value.field.startswith(field) and words in str(err.value), str(err.value)
+
+
+def test_pd_needs_both_pools_and_no_autoscaling() -> None:
+    only = {k: v for k, v in SMOLLM_PD.items() if k != "decode"}
+    with pytest.raises(SpecError, match="both pools or neither") as err:
+        parse_spec(only, "chat")
+    assert err.value.field == "spec.decode"
+    scaled = {**SMOLLM_PD, "autoscaling": {"maxReplicas": 3, "targetPerReplica": 4}}
+    with pytest.raises(SpecError, match="not supported") as err:
+        parse_spec(scaled, "chat")
+    with pytest.raises(SpecError) as err:
+        parse_spec(SMOLLM_PD, "a" * 56)  # "-prefill" is one longer than "-engine"
+    assert err.value.field == "metadata.name"

@@ -107,7 +107,7 @@ def test_transition_times_move_only_on_flips() -> None:
     assert status_changed(first, down)
 
 
-def test_a_deployment_that_cannot_be_read_is_unknown_and_keeps_its_last_counts() -> None:
+def test_a_deployment_that_cannot_be_read_is_unknown_and_leaves_its_counts_alone() -> None:
     engine, router = deployment("chat-engine", 3, 2), deployment("chat-router", 1, 1)
     before = compute_status(observe(engine=engine, router=router), "t1")
     assert (before["replicas"], before["readyReplicas"]) == (3, 2)
@@ -120,17 +120,18 @@ def test_a_deployment_that_cannot_be_read_is_unknown_and_keeps_its_last_counts()
     assert blind["phase"] == "Pending"
     engine_ready = next(c for c in blind["conditions"] if c["type"] == "EngineReady")
     assert why in engine_ready["message"]
-    # what was last read, not a zero: the scale subresource (and an HPA) reads these
-    assert (blind["replicas"], blind["readyReplicas"]) == (3, 2)
+    # out of the merge patch: the server keeps what it last stored (the scale subresource and
+    # an HPA read these), never a zero and never the counts of an older body
+    assert "replicas" not in blind and "readyReplicas" not in blind
     assert (blind["routerReplicas"], blind["routerReadyReplicas"]) == (1, 1)
     # a router known not ready decides Ready, whatever the engine is
     down = compute_status(
         observe(router=deployment("chat-router", 1, 0), engine_unread=why, previous=before), "t3"
     )
     assert conditions(down)["Ready"] == ("False", "RouterNotReady")
-    # nothing read yet: zero, not a guess
+    # nothing read: no count at all, not a guess
     first = compute_status(observe(engine_unread=why, router_unread=why), "t5")
-    assert [first[k] for k in ("replicas", "readyReplicas", "routerReplicas")] == [0, 0, 0]
+    assert not {"replicas", "readyReplicas", "routerReplicas", "routerReadyReplicas"} & set(first)
 
 
 def test_a_failed_apply_is_degraded_naming_the_step() -> None:
@@ -145,3 +146,29 @@ def test_a_failed_apply_is_degraded_naming_the_step() -> None:
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert degraded["message"] == step and degraded["observedGeneration"] == 4
     assert (status["replicas"], status["readyReplicas"]) == (1, 1)  # as the Deployment says
+
+
+def test_pd_pools_get_their_own_conditions_and_counts() -> None:
+    pools = {
+        "prefill": (deployment("chat-prefill", 1, 1), None),
+        "decode": (deployment("chat-decode", 2, 1), None),
+    }
+    obs = observe(router=deployment("chat-router", 1, 1), pools=pools)
+    status = compute_status(obs, "t1")
+    conds = conditions(status)
+    assert conds["PrefillReady"] == ("True", "ReplicasReady")
+    assert conds["DecodeReady"] == ("False", "ReplicasNotReady")
+    assert conds["EngineReady"] == ("False", "ReplicasNotReady")  # both pools, or not ready
+    assert conds["Ready"] == ("False", "EngineNotReady")
+    assert status["prefill"] == {"replicas": 1, "readyReplicas": 1}
+    assert status["decode"] == {"replicas": 2, "readyReplicas": 1}
+    assert (status["replicas"], status["readyReplicas"]) == (3, 2)
+    pools["decode"] = (deployment("chat-decode", 2, 2), None)
+    ready = compute_status(observe(router=deployment("chat-router", 1, 1), pools=pools), "t2")
+    assert conditions(ready)["Ready"] == ("True", "Ready") and ready["phase"] == "Ready"
+    unread = {**pools, "decode": (None, "timeout")}
+    kept = compute_status(observe(router=None, pools=unread, previous=ready), "t3")
+    assert conditions(kept)["DecodeReady"][0] == "Unknown"
+    # the unread pool's counts, and the engine's sums that need them, are left to the server
+    assert "decode" not in kept and "replicas" not in kept
+    assert kept["prefill"] == {"replicas": 1, "readyReplicas": 1}

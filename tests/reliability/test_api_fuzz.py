@@ -108,6 +108,31 @@ def test_limits_are_400s_naming_the_field(tiny_server: LiveServer, tiny_router: 
             assert message.split(":", 1)[0].split(".")[0] == field, (path, message)
 
 
+# ---- a grammar the vocabulary cannot spell: a 400 naming its field (the same tiny server) -------
+
+# The tiny tokenizer's words are t0..t255, so no token starts "x": the grammar allows nothing.
+UNSPELLABLE = [
+    ("/generate", {"text": "t5", "sampling_params": {"regex": "x+", "max_new_tokens": 4}}, "regex"),
+    ("/v1/completions", {"prompt": "t5", "max_tokens": 4, "regex": "x"}, "regex"),
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": 4, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}},
+     "json_schema"),  # the scheduler knows the grammar by its field in response_format
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("server", ["engine", "router"])
+def test_a_grammar_no_token_can_follow_is_a_400_naming_the_field(
+    tiny_server: LiveServer, tiny_router: Router, server: str
+) -> None:
+    base = tiny_server.base_url if server == "engine" else tiny_router.url
+    for path, body, field in UNSPELLABLE:
+        resp = httpx.post(base + path, json=body, timeout=60)
+        assert resp.status_code == 400, (path, body, resp.text)
+        assert resp.json()["message"].startswith(field), resp.text
+        assert "no token of the model's vocabulary" in resp.json()["message"], resp.text
+    _check_healthy(base)
+
+
 # ---- non-finite numbers: a 400 naming the field (the same tiny server) --------------------------
 
 CHAT_NAN = b'{"messages": [{"role": "user", "content": NaN}]}'

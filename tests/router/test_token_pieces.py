@@ -53,7 +53,7 @@ def test_a_shared_system_prompt_is_remembered(smollm_backend: Tokenizer) -> None
     for question in ("Bonjour ?", "Ça va ?"):
         text = f"{system}<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
         assert enc.encode(text) == _whole(smollm_backend, text)
-    assert any(len(ids) > 100 for ids in enc._pieces.values())  # held once, for both
+    assert any(len(ids) > 4 * 100 for ids in enc._pieces.values())  # held once, for both
 
 
 def test_memory_is_bounded_by_ids_held(smollm_backend: Tokenizer) -> None:
@@ -61,7 +61,7 @@ def test_memory_is_bounded_by_ids_held(smollm_backend: Tokenizer) -> None:
     for i in range(40):
         text = f"<|im_start|>user\nquestion number {i} is here<|im_end|>"
         assert enc.encode(text) == _whole(smollm_backend, text)
-    assert 0 < enc._held <= 50 and enc._held == sum(map(len, enc._pieces.values()))
+    assert 0 < enc._held <= 50 and 4 * enc._held == sum(map(len, enc._pieces.values()))
 
 
 # ---- tokenizers built to hit each rule ----------------------------------------------------------

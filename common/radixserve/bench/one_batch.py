@@ -7,6 +7,9 @@ the ModelRunner (no scheduler, no HTTP). With `--prefix-len P` the B prompts fir
 P-token prefix, prefilled once (its own row) and then mapped into every request's row as a
 radix-cache hit would be, so the prefill row is B extends over a cached prefix and decode
 reads the shared prefix's K/V (the serving benchmark's generated-shared-prefix workload).
+With `--chunked-prefill-size C` the prompts are prefilled C tokens at a time, as the
+scheduler's chunked prefill does: each chunk an EXTEND over the earlier chunks' K/V in the
+pool; the prefill row is then the sum over the chunks. `--output-len 1` times prefill only.
 Forward hooks time, per step: attention (the backend: KV write, gather, softmax), matmuls
 (every projection), LM head; sampling is timed around the Sampler; "other" is the rest of
 the forward (embedding, norms, rotary, activation, Python). CPU execution is synchronous,
@@ -40,6 +43,13 @@ def add_one_batch_parser(sub: Any) -> None:
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--prefix-len", type=int, default=0, help="shared prefix (radix hit) tokens")
     p.add_argument("--page-size", type=int, default=1)
+    p.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=-1,
+        help="prefill in chunks of this many tokens per request, each over the earlier "
+        "chunks' KV (-1: one forward)",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--output-file", default="bench-results/one_batch.json")
     p.add_argument(
@@ -56,6 +66,11 @@ def add_one_batch_parser(sub: Any) -> None:
         "--disable-amx-gemm",
         action="store_true",
         help="CPU bf16: oneDNN projections instead of the AMX kernel (an A/B)",
+    )
+    p.add_argument(
+        "--disable-tiled-extend",
+        action="store_true",
+        help="CPU: extends through PyTorch SDPA, not the tiled C++ kernel (an A/B)",
     )
     p.add_argument(
         "--profile",
@@ -106,8 +121,9 @@ def _category(name: str, cls: str) -> str | None:
     return None
 
 
-def _batch(runner: Any, mode: Any, reqs: dict[str, Any]) -> Any:
-    """A ForwardBatch for the static batch (rows, prefix/extend lengths, new tokens)."""
+def _batch(runner: Any, mode: Any, reqs: dict[str, Any], complete: bool = True) -> Any:
+    """A ForwardBatch for the static batch (rows, prefix/extend lengths, new tokens);
+    `complete`: the extend ends the prompts (False for a chunk before the last)."""
     import torch
 
     from radixserve.engine.forward_batch import ForwardBatch
@@ -143,6 +159,7 @@ def _batch(runner: Any, mode: Any, reqs: dict[str, Any]) -> Any:
         token_to_kv_pool=runner.token_to_kv_pool,
         attn_backend=runner.attn_backend,
         kv_rows=runner.req_to_token_pool.req_to_token[pool_idx, : max(seq)].to(torch.int64),
+        extend_completes_cpu=[complete] * len(rows),
     )
 
 
@@ -188,6 +205,34 @@ def _mean_rows(rows: list[dict[str, Any]], label: str) -> dict[str, Any]:
     for col in COLUMNS[1:]:
         out[col] = sum(r[col] for r in rows) / len(rows)
     return out
+
+
+def _prefill(  # noqa: PLR0913 - the static batch's parts
+    runner: Any,
+    timer: StageTimer,
+    info: Any,
+    rows: list[int],
+    prompts: list[list[int]],
+    n_pre: int,
+    chunk: int,
+) -> dict[str, Any]:
+    """The prompts after the `n_pre` cached tokens, in chunks of `chunk` tokens (≤ 0: one
+    forward); the row sums the chunks' times, the ids are the last chunk's samples."""
+    from radixserve.engine.forward_batch import ForwardMode
+
+    n_in = len(prompts[0])
+    step = n_in if chunk <= 0 else chunk
+    parts = []
+    for start in range(0, n_in, step):
+        end = min(start + step, n_in)
+        reqs = {"rows": rows, "prefix": [n_pre + start] * len(rows)}
+        reqs["extend"] = [end - start] * len(rows)
+        reqs["input_ids"] = [t for p in prompts for t in p[start:end]]
+        fb = _batch(runner, ForwardMode.EXTEND, reqs, complete=end == n_in)
+        parts.append(_step(runner, timer, fb, info, "prefill"))
+    row = {col: sum(p["row"][col] for p in parts) for col in COLUMNS[1:]}
+    label = "prefill" if len(parts) == 1 else f"prefill ({len(parts)} chunks)"
+    return {"row": {"stage": label, **row}, "ids": parts[-1]["ids"]}
 
 
 def _pool_tokens(batch: int, seq: int, page: int) -> int:
@@ -239,6 +284,7 @@ def run_one_batch(args: argparse.Namespace) -> int:
         disable_fused_ops=args.disable_fused_ops,
         disable_weight_prepack=args.disable_weight_prepack,
         disable_amx_gemm=args.disable_amx_gemm,
+        disable_tiled_extend=args.disable_tiled_extend,
     )
     runner, vocab = engine.runner, engine.model_config.vocab_size
     rng = random.Random(args.seed)
@@ -248,10 +294,8 @@ def run_one_batch(args: argparse.Namespace) -> int:
     timer = StageTimer(runner.model)
     shared = [rng.randrange(vocab) for _ in range(n_pre)]
     pre = _shared_prefix(runner, timer, rows, shared, vocab) if n_pre else None
-    reqs = {"rows": rows, "prefix": [n_pre] * bs, "extend": [n_in] * bs}
-    reqs["input_ids"] = [t for p in prompts for t in p]
     with _maybe_profile(args.profile, "prefill"):
-        first = _step(runner, timer, _batch(runner, ForwardMode.EXTEND, reqs), info, "prefill")
+        first = _prefill(runner, timer, info, rows, prompts, n_pre, args.chunked_prefill_size)
     decode_rows, ids = [], first["ids"]
     with _maybe_profile(args.profile, f"decode ({n_out - 1} steps)"):
         for i in iter_progress(range(n_out - 1), "one-batch decode", unit="step"):
@@ -262,19 +306,17 @@ def run_one_batch(args: argparse.Namespace) -> int:
             ids = out["ids"]
     timer.remove()
     engine.shutdown()
-    table = [first["row"], _mean_rows(decode_rows, "decode (mean/step)")]
+    decode_mean = _mean_rows(decode_rows, "decode (mean/step)") if decode_rows else None
+    table = [first["row"]] + ([decode_mean] if decode_mean else [])
     settings = engine.server_args.effective_settings()
     title = f"one batch: B={bs} prefix={n_pre} in={n_in} out={n_out} ({settings})"
     print_table(title, ([pre["row"]] if pre else []) + table, COLUMNS)
-    decode_ms = table[1]["ms"]
     summary = {
-        "prefill_tok_per_s": bs * n_in / (table[0]["ms"] / 1000),
-        "decode_tok_per_s": bs / (decode_ms / 1000),
+        "prefill_tok_per_s": bs * n_in / (first["row"]["ms"] / 1000),
+        "decode_tok_per_s": bs / (decode_mean["ms"] / 1000) if decode_mean else None,
     }
-    print(
-        f"prefill {summary['prefill_tok_per_s']:.0f} tok/s, "
-        f"decode {summary['decode_tok_per_s']:.1f} tok/s"
-    )
+    decode_text = f"{summary['decode_tok_per_s']:.1f} tok/s" if decode_mean else "not run"
+    print(f"prefill {summary['prefill_tok_per_s']:.0f} tok/s, decode {decode_text}")
     write_json(
         args.output_file,
         {
@@ -283,7 +325,7 @@ def run_one_batch(args: argparse.Namespace) -> int:
             "args": {k: v for k, v in vars(args).items() if k != "handler"},
             "shared_prefix": pre["row"] if pre else None,
             "prefill": table[0],
-            "decode_mean": table[1],
+            "decode_mean": decode_mean,
             "decode_steps": decode_rows,
             **summary,
         },

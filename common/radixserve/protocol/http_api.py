@@ -46,6 +46,8 @@ _SAME_NAME = (
     "spaces_between_special_tokens",
     "no_stop_trim",
     "stop_token_ids",
+    "regex",
+    "ebnf",
 )
 
 
@@ -82,6 +84,15 @@ class SamplingRequest(BaseModel):
     no_stop_trim: bool | None = None
     stop_token_ids: list[int] | None = None
     data_parallel_rank: int | None = None  # pin to one DP rank (the router sends it)
+    # prefill/decode disaggregation: the prefill's bootstrap server and the request's room
+    # (a PD router sends them to both servers; docs/disaggregation.md)
+    bootstrap_host: str | list[str] | None = None
+    bootstrap_port: int | list[int | None] | None = None
+    bootstrap_room: int | list[int] | None = None
+    # constrained decoding (SGLang's extras; response_format is chat's OpenAI form)
+    json_schema: str | dict[str, Any] | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -96,6 +107,8 @@ class SamplingRequest(BaseModel):
             params["min_new_tokens"] = self.min_tokens
         if self.seed is not None:
             params["sampling_seed"] = self.seed
+        if self.json_schema is not None:
+            params["json_schema"] = self.json_schema
         return params
 
 
@@ -118,6 +131,9 @@ class ChatMessage(BaseModel):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    reasoning_content: str | None = None  # accepted, not shown to the template
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -127,8 +143,10 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    separate_reasoning: bool = True  # SGLang: reasoning_content apart (--reasoning-parser)
 
 
 # ---- native bodies (schema only: the engine checks them in request_builder) -------------------
@@ -157,6 +175,10 @@ class NativeSamplingParams(BaseModel):
     n: int = Field(1, ge=1, le=MAX_N)
     sampling_seed: int | None = None
     logit_bias: dict[str, float] | None = None
+    json_schema: str | dict[str, Any] | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | dict[str, Any] | None = None
 
 
 class GenerateRequest(BaseModel):
@@ -168,6 +190,10 @@ class GenerateRequest(BaseModel):
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
+    data_parallel_rank: int | None = None
+    bootstrap_host: str | list[str] | None = None
+    bootstrap_port: int | list[int | None] | None = None
+    bootstrap_room: int | list[int] | None = None
 
 
 class TokenizeRequest(BaseModel):

@@ -23,7 +23,7 @@ from radixserve.operator.kinds import (
     SERVICE_ACCOUNT,
     ResourceKind,
 )
-from radixserve.operator.meta import Owner, engine_name, router_name
+from radixserve.operator.meta import Owner, engine_name, pool_name, router_name
 from radixserve.operator.network_policy import engine_network_policy
 from radixserve.operator.router_manifests import (
     frontend_service,
@@ -32,7 +32,7 @@ from radixserve.operator.router_manifests import (
     router_role_binding,
     router_service_account,
 )
-from radixserve.operator.schema import InferenceServiceSpec
+from radixserve.operator.schema import ROLES, InferenceServiceSpec
 
 
 def build_children(
@@ -42,8 +42,7 @@ def build_children(
         router_service_account(owner),
         router_role(owner),
         router_role_binding(owner),
-        engine_service(owner, spec),
-        engine_deployment(owner, spec, config.engine_image),
+        *_engine_pools(owner, spec, config),
         router_deployment(owner, spec, config.router_image),
         frontend_service(owner),
     ]
@@ -51,6 +50,22 @@ def build_children(
         children.append(engine_network_policy(owner, spec))
     hpa = horizontal_pod_autoscaler(owner, spec)
     return children if hpa is None else [*children, hpa]
+
+
+def _engine_pools(
+    owner: Owner, spec: InferenceServiceSpec, config: OperatorConfig
+) -> list[dict[str, Any]]:
+    """The engines' Service and Deployment, or with spec.prefill / spec.decode each pool's."""
+    if spec.pd is None:
+        return [engine_service(owner, spec), engine_deployment(owner, spec, config.engine_image)]
+    out = []
+    for role in ROLES:
+        pool = spec.for_role(role)
+        out += [
+            engine_service(owner, pool, role),
+            engine_deployment(owner, pool, config.engine_image, role),
+        ]
+    return out
 
 
 def child_refs(name: str, config: OperatorConfig | None = None) -> list[tuple[str, str, str]]:
@@ -65,6 +80,7 @@ def child_refs(name: str, config: OperatorConfig | None = None) -> list[tuple[st
         (ROLE_BINDING, router_name(name)),
         (SERVICE, engine_name(name)),
         (DEPLOYMENT, engine_name(name)),
+        *((kind, pool_name(name, role)) for role in ROLES for kind in (SERVICE, DEPLOYMENT)),
         (DEPLOYMENT, router_name(name)),
         (SERVICE, name),
         (NETWORK_POLICY, engine_name(name)),

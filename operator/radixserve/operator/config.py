@@ -27,6 +27,7 @@ LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_OWNER = f"{GROUP}/inferenceservice"
+LABEL_ROLE = f"{GROUP}/role"  # prefill / decode engine pods (disaggregation)
 APP_NAME = "radixserve"
 MANAGED_BY = "radixserve-operator"
 

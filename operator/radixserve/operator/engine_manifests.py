@@ -15,14 +15,15 @@ from radixserve.operator.meta import (
     HOME,
     Owner,
     container_security_context,
-    engine_name,
-    labels,
     object_meta,
     pod_security_context,
+    pool_labels,
+    pool_name,
+    pool_selector,
     secret_env,
-    selector,
 )
 from radixserve.operator.schema import (
+    PREFILL,
     BuiltinSource,
     EngineSpec,
     HostPathSource,
@@ -70,7 +71,8 @@ def kv_event_ports(dp: int) -> list[tuple[str, int]]:
     return ports
 
 
-def engine_args(spec: InferenceServiceSpec) -> list[str]:
+def engine_args(spec: InferenceServiceSpec, role: str | None = None) -> list[str]:
+    """The pod's command line; `role`: a prefill / decode pool's (with `spec.for_role`)."""
     e = spec.engine
     args = ["serve", "--model-path", model_path(spec), "--served-model-name", spec.model.name]
     args += ["--host", "0.0.0.0", "--port", str(ENGINE_HTTP_PORT)]
@@ -95,7 +97,20 @@ def engine_args(spec: InferenceServiceSpec) -> list[str]:
             args += [flag, str(value)]
     if p.dp_attention:
         args.append("--enable-dp-attention")
+    if role is not None:
+        args += ["--disaggregation-mode", role]
+    if role == PREFILL and spec.pd is not None:
+        args += ["--disaggregation-bootstrap-port", str(spec.pd.bootstrap_port)]
     return args + list(e.extra_args)
+
+
+def _pool_ports(spec: InferenceServiceSpec, role: str | None) -> list[tuple[str, int]]:
+    """(name, port) the pool's pods serve: HTTP, KV events, and a prefill's bootstrap server
+    (named `bootstrap`: the router's PD discovery and the decode pods reach it by that)."""
+    ports = [("http", ENGINE_HTTP_PORT), *kv_event_ports(spec.engine.parallelism.dp)]
+    if role == PREFILL and spec.pd is not None:
+        ports.append(("bootstrap", spec.pd.bootstrap_port))
+    return ports
 
 
 def _resources(e: EngineSpec) -> dict[str, Any]:
@@ -159,18 +174,19 @@ def _probe(path: str, period: int, failures: int, timeout: int = 5) -> dict[str,
     }
 
 
-def engine_container(spec: InferenceServiceSpec, image: str) -> dict[str, Any]:
+def engine_container(
+    spec: InferenceServiceSpec, image: str, role: str | None = None
+) -> dict[str, Any]:
     _, mounts = _volumes(spec)
-    ports = [{"name": "http", "containerPort": ENGINE_HTTP_PORT, "protocol": "TCP"}]
-    ports += [
+    ports = [
         {"name": name, "containerPort": port, "protocol": "TCP"}
-        for name, port in kv_event_ports(spec.engine.parallelism.dp)
+        for name, port in _pool_ports(spec, role)
     ]
     container: dict[str, Any] = {
         "name": ENGINE,
         "image": spec.engine.image or image,
         "command": ["radixserve"],
-        "args": engine_args(spec),
+        "args": engine_args(spec, role),
         "ports": ports,
         "env": _env(spec),
         "resources": _resources(spec.engine),
@@ -185,7 +201,10 @@ def engine_container(spec: InferenceServiceSpec, image: str) -> dict[str, Any]:
     return container
 
 
-def engine_deployment(owner: Owner, spec: InferenceServiceSpec, image: str) -> dict[str, Any]:
+def engine_deployment(
+    owner: Owner, spec: InferenceServiceSpec, image: str, role: str | None = None
+) -> dict[str, Any]:
+    """The engine pods, or (`role`, with `spec.for_role(role)`) one PD pool's."""
     e = spec.engine
     volumes, _ = _volumes(spec)
     pod: dict[str, Any] = {
@@ -193,7 +212,7 @@ def engine_deployment(owner: Owner, spec: InferenceServiceSpec, image: str) -> d
         "enableServiceLinks": False,
         "securityContext": pod_security_context(),
         "terminationGracePeriodSeconds": 60,
-        "containers": [engine_container(spec, image)],
+        "containers": [engine_container(spec, image, role)],
         "volumes": volumes,
     }
     if e.node_selector:
@@ -205,14 +224,14 @@ def engine_deployment(owner: Owner, spec: InferenceServiceSpec, image: str) -> d
     rolling = {"maxSurge": surge, "maxUnavailable": 1 - surge}
     return {
         **DEPLOYMENT.type_meta(),
-        "metadata": object_meta(owner, engine_name(owner.name), ENGINE),
+        "metadata": _pool_meta(owner, role),
         "spec": {
             "replicas": spec.engine_replicas,
-            "selector": {"matchLabels": selector(owner.name, ENGINE)},
+            "selector": {"matchLabels": pool_selector(owner.name, role)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling},
             "template": {
                 "metadata": {
-                    "labels": labels(owner.name, ENGINE),
+                    "labels": pool_labels(owner.name, role),
                     "annotations": {"kubectl.kubernetes.io/default-container": ENGINE},
                 },
                 "spec": pod,
@@ -221,19 +240,26 @@ def engine_deployment(owner: Owner, spec: InferenceServiceSpec, image: str) -> d
     }
 
 
-def engine_service(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
+def engine_service(
+    owner: Owner, spec: InferenceServiceSpec, role: str | None = None
+) -> dict[str, Any]:
     """Headless: the router needs every pod's address (EndpointSlices), not a virtual IP."""
-    ports = [{"name": "http", "port": ENGINE_HTTP_PORT, "targetPort": "http", "protocol": "TCP"}]
-    ports += [
+    ports = [
         {"name": name, "port": port, "targetPort": name, "protocol": "TCP"}
-        for name, port in kv_event_ports(spec.engine.parallelism.dp)
+        for name, port in _pool_ports(spec, role)
     ]
     return {
         **SERVICE.type_meta(),
-        "metadata": object_meta(owner, engine_name(owner.name), ENGINE),
+        "metadata": _pool_meta(owner, role),
         "spec": {
             "clusterIP": "None",
-            "selector": selector(owner.name, ENGINE),
+            "selector": pool_selector(owner.name, role),
             "ports": ports,
         },
     }
+
+
+def _pool_meta(owner: Owner, role: str | None) -> dict[str, Any]:
+    meta = object_meta(owner, pool_name(owner.name, role), ENGINE)
+    meta["labels"] = pool_labels(owner.name, role)
+    return meta

@@ -38,8 +38,8 @@ from radixserve.operator.builders import build_children, child_refs
 from radixserve.operator.config import ANNOTATION_PREFIX, FINALIZER, LABEL_OWNER, OperatorConfig
 from radixserve.operator.kinds import DEPLOYMENT, INFERENCE_SERVICE, child_kinds
 from radixserve.operator.kube import ApplyError, ForeignObjectError, Kube, describe, owned_by
-from radixserve.operator.meta import Owner, engine_name, router_name
-from radixserve.operator.schema import InferenceServiceSpec, SpecError
+from radixserve.operator.meta import Owner, engine_name, pool_name, router_name
+from radixserve.operator.schema import ROLES, InferenceServiceSpec, SpecError
 from radixserve.operator.spec import parse_spec
 from radixserve.operator.status import Observation, Problem, compute_status, status_changed
 
@@ -284,6 +284,13 @@ class Runtime:
         router, router_unread = await self._read_deployment(
             namespace, router_name(name), meta["uid"]
         )
+        pd = spec is not None and spec.pd is not None
+        pools = {}
+        if pd or (spec is None and raw_spec.get("prefill") is not None):
+            for role in ROLES:
+                pools[role] = await self._read_deployment(
+                    namespace, pool_name(name, role), meta["uid"]
+                )
         observation = Observation(
             name=name,
             namespace=namespace,
@@ -295,6 +302,7 @@ class Runtime:
             previous=body.get("status"),
             engine_unread=engine_unread,
             router_unread=router_unread,
+            pools=pools or None,
         )
         status = compute_status(observation, _now())
         if status_changed(body.get("status"), status):

@@ -14,6 +14,7 @@ from radixserve.operator.config import (
     LABEL_MANAGED_BY,
     LABEL_NAME,
     LABEL_OWNER,
+    LABEL_ROLE,
     MANAGED_BY,
     SERVICE_PORT,
 )
@@ -55,6 +56,22 @@ def router_name(owner: str) -> str:
 def selector(owner: str, component: str) -> dict[str, str]:
     """The immutable subset of labels that Deployments and Services select on."""
     return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: owner, LABEL_COMPONENT: component}
+
+
+def pool_name(owner: str, role: str | None) -> str:
+    """The engine pool's Deployment and Service: X-engine, or X-prefill / X-decode."""
+    return engine_name(owner) if role is None else f"{owner}-{role}"
+
+
+def pool_selector(owner: str, role: str | None) -> dict[str, str]:
+    """Engine pods, or one role's: the role label is what sends each pool's EndpointSlices
+    to the router's matching pool."""
+    base = selector(owner, ENGINE)
+    return base if role is None else {**base, LABEL_ROLE: role}
+
+
+def pool_labels(owner: str, role: str | None) -> dict[str, str]:
+    return {**labels(owner, ENGINE), **pool_selector(owner, role)}
 
 
 def selector_string(owner: str, component: str) -> str:

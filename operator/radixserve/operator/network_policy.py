@@ -15,18 +15,25 @@ from radixserve.operator.schema import InferenceServiceSpec
 
 
 def engine_network_policy(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
+    """With prefill/decode pools, their pods (all engine pods of X) also accept each other on
+    any TCP port: the KV moves over Mooncake's and the control sockets' ephemeral ports, and
+    the decode reaches the prefill's bootstrap port."""
     ports = [ENGINE_HTTP_PORT] + [p for _, p in kv_event_ports(spec.engine.parallelism.dp)]
+    ingress: list[dict[str, Any]] = [
+        {
+            "from": [{"podSelector": {"matchLabels": selector(owner.name, ROUTER)}}],
+            "ports": [{"protocol": "TCP", "port": port} for port in ports],
+        }
+    ]
+    if spec.pd is not None:
+        peers = {"podSelector": {"matchLabels": selector(owner.name, ENGINE)}}
+        ingress.append({"from": [peers], "ports": [{"protocol": "TCP"}]})
     return {
         **NETWORK_POLICY.type_meta(),
         "metadata": object_meta(owner, engine_name(owner.name), ENGINE),
         "spec": {
             "podSelector": {"matchLabels": selector(owner.name, ENGINE)},
             "policyTypes": ["Ingress"],
-            "ingress": [
-                {
-                    "from": [{"podSelector": {"matchLabels": selector(owner.name, ROUTER)}}],
-                    "ports": [{"protocol": "TCP", "port": port} for port in ports],
-                }
-            ],
+            "ingress": ingress,
         },
     }

@@ -16,11 +16,12 @@ from radixserve.operator.meta import (
     labels,
     object_meta,
     pod_security_context,
+    pool_name,
     router_name,
     secret_env,
     selector,
 )
-from radixserve.operator.schema import InferenceServiceSpec
+from radixserve.operator.schema import DECODE, PREFILL, InferenceServiceSpec
 
 ROUTER_REQUESTS = MappingProxyType({"cpu": "100m", "memory": "256Mi"})
 # The router's secret flags read from these when unset (radixserve.router.config).
@@ -32,7 +33,13 @@ ROUTER_ADMIN_KEY_ENV = "RADIXSERVE_ROUTER_ADMIN_KEY"
 def router_args(owner: Owner, spec: InferenceServiceSpec) -> list[str]:
     r = spec.router
     args = ["router", "--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
-    args += ["--k8s-service", engine_name(owner.name), "--k8s-namespace", owner.namespace]
+    if spec.pd is None:
+        args += ["--k8s-service", engine_name(owner.name)]
+    else:  # each pool from its role's Service; the decode pool by load (the router's default)
+        args += ["--pd-disaggregation", "--k8s-prefill-service", pool_name(owner.name, PREFILL)]
+        args += ["--k8s-decode-service", pool_name(owner.name, DECODE)]
+        args += ["--k8s-bootstrap-port", str(spec.pd.bootstrap_port)]
+    args += ["--k8s-namespace", owner.namespace]
     args += ["--policy", r.policy]
     args += ["--cache-threshold", str(r.cache_threshold)]
     args += ["--balance-abs-threshold", str(r.balance_abs_threshold)]

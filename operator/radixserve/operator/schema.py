@@ -7,7 +7,7 @@ every instance has passed validation.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -146,6 +146,24 @@ class Autoscaling:
         return max(self.min_replicas, min(self.max_replicas, replicas))
 
 
+PREFILL = "prefill"
+DECODE = "decode"
+ROLES = (PREFILL, DECODE)
+
+
+@dataclass(frozen=True)
+class PDSpec:
+    """`spec.prefill` and `spec.decode`: prefill/decode disaggregation, two engine pools of one
+    model whose KV pages must agree (docs/disaggregation.md)."""
+
+    prefill: EngineSpec
+    decode: EngineSpec
+    bootstrap_port: int = 8998  # spec.prefill.bootstrapPort
+
+    def pool(self, role: str) -> EngineSpec:
+        return self.prefill if role == PREFILL else self.decode
+
+
 @dataclass(frozen=True)
 class InferenceServiceSpec:
     model: ModelSpec
@@ -154,6 +172,12 @@ class InferenceServiceSpec:
     autoscaling: Autoscaling | None = None
     suspend: bool = False
     api_key: SecretKeyRef | None = None  # clients → router → engines, one key
+    pd: PDSpec | None = None  # prefill/decode pools instead of spec.engine
+
+    def for_role(self, role: str) -> InferenceServiceSpec:
+        """This spec with the role's pool as its engine (what the engine builders read)."""
+        assert self.pd is not None
+        return replace(self, engine=self.pd.pool(role))
 
     @property
     def engine_replicas(self) -> int:

@@ -15,6 +15,9 @@ from typing import Any
 
 from radixserve.operator.flag_choices import ENGINE_POLICIES, ROUTER_POLICIES
 from radixserve.operator.schema import (
+    DECODE,
+    PREFILL,
+    ROLES,
     Autoscaling,
     BuiltinSource,
     EngineSpec,
@@ -25,6 +28,7 @@ from radixserve.operator.schema import (
     ModelSource,
     ModelSpec,
     Parallelism,
+    PDSpec,
     PvcSource,
     Resources,
     RouterSpec,
@@ -38,6 +42,7 @@ DEVICES = ("cpu", "cuda")
 AUTOSCALING_METRICS = ("requests", "queuedRequests", "kvTokenUsage")
 MAX_STABILIZATION_S = 3600  # the HPA API's own limit for stabilizationWindowSeconds
 MAX_NAME_LENGTH = 56  # children add "-engine" / "-router"; Service names are ≤ 63
+RESERVED_PORTS = (30000, 5557, 5558, 8000)  # the engine's HTTP and KV-event ports, the router's
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
@@ -68,6 +73,8 @@ MANAGED_ENGINE_FLAGS = MappingProxyType(
         "--chunked-prefill-size": "spec.engine.scheduler.chunkedPrefillSize",
         "--max-running-requests": "spec.engine.scheduler.maxRunningRequests",
         "--api-key": "spec.apiKeySecretRef (a Secret, so the key is never in the pod's args)",
+        "--disaggregation-mode": "spec.prefill / spec.decode",
+        "--disaggregation-bootstrap-port": "spec.prefill.bootstrapPort",
     }
 )
 _TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
@@ -151,7 +158,13 @@ def parse_spec(spec: Mapping[str, Any] | None, name: str) -> InferenceServiceSpe
     """Validate and normalise one InferenceService spec (with the CRD's defaults)."""
     validate_name(name)
     r = _Reader(spec, "spec")
-    r.only("model", "engine", "router", "autoscaling", "suspend", "apiKeySecretRef")
+    r.only(
+        "model", "engine", "router", "autoscaling", "suspend", "apiKeySecretRef", "prefill",
+        "decode",
+    )  # fmt: skip
+    pd = _pd(r, name)
+    if pd is not None and r.data.get("autoscaling") is not None:
+        raise SpecError("spec.autoscaling", "is not supported with spec.prefill / spec.decode yet")
     return InferenceServiceSpec(
         model=_model(r.child("model", required=True)),
         engine=_engine(r.child("engine")),
@@ -161,7 +174,69 @@ def parse_spec(spec: Mapping[str, Any] | None, name: str) -> InferenceServiceSpe
         ),
         suspend=r.boolean("suspend", False),
         api_key=_secret_ref(r, "apiKeySecretRef", "api-key"),
+        pd=pd,
     )
+
+
+def _pd(r: _Reader, name: str) -> PDSpec | None:
+    """`spec.prefill` + `spec.decode`: both or neither, and a pair whose KV pages agree."""
+    has = [role for role in ROLES if r.data.get(role) is not None]
+    if not has:
+        return None
+    if len(has) == 1:
+        missing = DECODE if has[0] == PREFILL else PREFILL
+        raise SpecError(r.at(missing), f"is required with spec.{has[0]} (both pools or neither)")
+    if len(name) > MAX_NAME_LENGTH - 1:  # children add "-prefill", one more than "-engine"
+        raise SpecError("metadata.name", f"must be at most {MAX_NAME_LENGTH - 1} characters")
+    prefill_r = r.child(PREFILL)
+    port = prefill_r.integer("bootstrapPort", 8998, 1)
+    if port is None or port > 65535 or port in RESERVED_PORTS:
+        raise SpecError(prefill_r.at("bootstrapPort"), f"must be a free port, got {port}")
+    pools = {
+        PREFILL: _engine(prefill_r, extra=("bootstrapPort",)),
+        DECODE: _engine(r.child(DECODE)),
+    }
+    for role, pool in pools.items():
+        _check_pd_pool(pool, r.at(role))
+    _check_pair(pools[PREFILL], pools[DECODE])
+    return PDSpec(prefill=pools[PREFILL], decode=pools[DECODE], bootstrap_port=port)
+
+
+def _check_pd_pool(pool: EngineSpec, path: str) -> None:
+    p = pool.parallelism
+    if (p.tp, p.dp, p.ep, p.dp_attention) != (1, 1, 1, False):
+        raise SpecError(
+            f"{path}.parallelism", "prefill/decode pools run with tp = dp = ep = 1 for now"
+        )
+
+
+def _dtype(pool: EngineSpec) -> str:
+    """The pool's --dtype from extraArgs (the engine's default, auto, when absent)."""
+    args = list(pool.extra_args)
+    for i, arg in enumerate(args):
+        if arg.startswith("--dtype="):
+            return arg.split("=", 1)[1]
+        if arg == "--dtype" and i + 1 < len(args):
+            return args[i + 1]
+    return "auto"
+
+
+def _check_pair(prefill: EngineSpec, decode: EngineSpec) -> None:
+    """What must agree for the prefill's KV pages to be the decode's: the page size, the KV
+    dtype (--dtype, which `auto` resolves per device, so the device too). The model is one
+    spec.model for both."""
+    pairs = (
+        ("kvCache.pageSize", prefill.kv_cache.page_size or 1, decode.kv_cache.page_size or 1),
+        ("device", prefill.device, decode.device),
+        ("extraArgs --dtype", _dtype(prefill), _dtype(decode)),
+    )
+    for field, p, d in pairs:
+        if p != d:
+            raise SpecError(
+                f"spec.decode.{field.split()[0]}",
+                f"must equal spec.prefill's ({field}: prefill {p}, decode {d}): the decode "
+                "takes the prefill's KV pages as they are",
+            )
 
 
 def _secret_ref(parent: _Reader, field: str, default_key: str) -> SecretKeyRef | None:
@@ -219,10 +294,10 @@ def _source(r: _Reader) -> ModelSource:
     return HuggingFaceSource(repo=repo, revision=h.string("revision", None))
 
 
-def _engine(r: _Reader) -> EngineSpec:
+def _engine(r: _Reader, extra: tuple[str, ...] = ()) -> EngineSpec:
     r.only(
         "replicas", "image", "device", "resources", "parallelism", "kvCache", "scheduler",
-        "extraArgs", "env", "nodeSelector", "tolerations",
+        "extraArgs", "env", "nodeSelector", "tolerations", *extra,
     )  # fmt: skip
     engine = EngineSpec(
         replicas=r.integer("replicas", 1, minimum=0) or 0,

@@ -16,6 +16,7 @@ from typing import Any
 from radixserve.operator.meta import ENGINE, selector_string, service_url
 
 CONDITIONS = ("Ready", "EngineReady", "RouterReady", "Progressing", "Degraded")
+# with spec.prefill / spec.decode, after those: PrefillReady, DecodeReady (EngineReady is both)
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,7 @@ def _component(component: str, r: Rollout | None, suspended: bool, unread: str |
 
 
 def _progressing(
-    engine: Rollout | None,
-    router: Rollout | None,
+    rollouts: Sequence[Rollout | None],
     problem: Problem | None,
     suspended: bool,
     unread: Sequence[str],
@@ -101,7 +101,7 @@ def _progressing(
         return False, "InvalidSpec", "the spec is not applied"
     if unread:
         return None, "ReadFailed", "; ".join(unread)
-    pending = [r for r in (engine, router) if r is None or not r.settled]
+    pending = [r for r in rollouts if r is None or not r.settled]
     if not pending:
         return False, "Suspended" if suspended else "Complete", "every Deployment is settled"
     parts = [
@@ -111,10 +111,10 @@ def _progressing(
     return True, "RollingOut", "; ".join(parts)
 
 
-def _degraded(engine: Rollout | None, router: Rollout | None, problem: Problem | None) -> Verdict:
+def _degraded(rollouts: Sequence[Rollout | None], problem: Problem | None) -> Verdict:
     if problem is not None:
         return True, problem.reason, problem.message
-    for r in (engine, router):
+    for r in rollouts:
         if r is not None and r.stalled:
             return True, "ProgressDeadlineExceeded", f"{r.name}: {r.stalled}"
     return False, "AsExpected", "no problem found"
@@ -152,10 +152,11 @@ def _conditions(
     previous: Sequence[Mapping[str, Any]],
     generation: int,
     now: str,
+    kinds: Sequence[str] = CONDITIONS,
 ) -> list[dict[str, Any]]:
     before = {c.get("type"): c for c in previous}
     out = []
-    for kind in CONDITIONS:
+    for kind in kinds:
         ok, reason, message = values[kind]
         status = CONDITION_STATUS[ok]
         old = before.get(kind) or {}
@@ -189,46 +190,91 @@ class Observation:
     # last written, and its condition is Unknown.
     engine_unread: str | None = None
     router_unread: str | None = None
+    # prefill/decode pools (spec.prefill / spec.decode): role → (its Deployment, why unread);
+    # then they stand in for the engine Deployment
+    pools: Mapping[str, tuple[Mapping[str, Any] | None, str | None]] | None = None
+
+
+def _pools_verdict(verdicts: Sequence[Verdict]) -> Verdict:
+    """EngineReady of prefill/decode pools: ready when both are."""
+    for verdict in verdicts:
+        if verdict[0] is not True:
+            return verdict
+    return True, "ReplicasReady", "; ".join(v[2] for v in verdicts)
+
+
+COUNT_KEYS = ("replicas", "readyReplicas")
+
+
+def _counts(roll: Rollout | None) -> dict[str, int]:
+    """A Deployment's replica counts as the status shows them (none yet: zeros)."""
+    if roll is None:
+        return {"replicas": 0, "readyReplicas": 0}
+    return {"replicas": roll.replicas, "readyReplicas": roll.ready}
 
 
 def compute_status(obs: Observation, now: str) -> dict[str, Any]:
     """Our part of `.status`, ready for a merge patch."""
     suspended = obs.suspended
     e, r = rollout(obs.engine), rollout(obs.router)
+    pools = {role: (rollout(dep), why) for role, (dep, why) in (obs.pools or {}).items()}
+    engines = [roll for roll, _ in pools.values()] if pools else [e]
+    sources = (
+        [(role, why) for role, (_, why) in pools.items()]
+        if pools
+        else [("engine", obs.engine_unread)]
+    )
     unread = [
         f"{component} Deployment unread: {why}"
-        for component, why in (("engine", obs.engine_unread), ("router", obs.router_unread))
+        for component, why in [*sources, ("router", obs.router_unread)]
         if why is not None
     ]
+    role_verdicts = {
+        f"{role.capitalize()}Ready": _component(role, roll, suspended, why)
+        for role, (roll, why) in pools.items()
+    }
+    engine_verdict = (
+        _pools_verdict(list(role_verdicts.values()))
+        if pools
+        else _component("engine", e, suspended, obs.engine_unread)
+    )
     values: dict[str, Verdict] = {
-        "EngineReady": _component("engine", e, suspended, obs.engine_unread),
+        "EngineReady": engine_verdict,
         "RouterReady": _component("router", r, suspended, obs.router_unread),
-        "Progressing": _progressing(e, r, obs.problem, suspended, unread),
-        "Degraded": _degraded(e, r, obs.problem),
+        "Progressing": _progressing([*engines, r], obs.problem, suspended, unread),
+        "Degraded": _degraded([*engines, r], obs.problem),
+        **role_verdicts,
     }
     values["Ready"] = _ready(
         values["EngineReady"], values["RouterReady"], values["Degraded"], suspended
     )
     previous = obs.previous or {}
     generation, name, namespace = obs.generation, obs.name, obs.namespace
-
-    def count(key: str, rollout_: Rollout | None, unread: str | None, ready: bool) -> int:
-        if unread is not None:  # not known now: what was last read, not a guess
-            return int(previous.get(key) or 0)
-        if rollout_ is None:
-            return 0
-        return rollout_.ready if ready else rollout_.replicas
-
+    # A Deployment that could not be read leaves its counts out of the merge patch: the server
+    # keeps what it last stored. Copying them from the handler's body instead could write back
+    # an older status than the server's (kopf may hand a handler a body from before the last
+    # write), and a zero would be a guess.
+    counts: dict[str, Any] = {}
+    per_role = {role: _counts(roll) for role, (roll, why) in pools.items() if why is None}
+    if pools:
+        counts.update(per_role)
+        if len(per_role) == len(pools):  # the pools' sums stand in for the engine's
+            counts.update({k: sum(c[k] for c in per_role.values()) for k in COUNT_KEYS})
+    elif obs.engine_unread is None:
+        counts.update(_counts(e))
+    if obs.router_unread is None:
+        router = _counts(r)
+        counts.update(
+            routerReplicas=router["replicas"], routerReadyReplicas=router["readyReplicas"]
+        )
+    kinds = (*CONDITIONS, *role_verdicts)
     return {
         "observedGeneration": generation,
-        "replicas": count("replicas", e, obs.engine_unread, False),
-        "readyReplicas": count("readyReplicas", e, obs.engine_unread, True),
-        "routerReplicas": count("routerReplicas", r, obs.router_unread, False),
-        "routerReadyReplicas": count("routerReadyReplicas", r, obs.router_unread, True),
+        **counts,
         "selector": selector_string(name, ENGINE),
         "url": service_url(name, namespace),
         "phase": _phase(values, suspended),
-        "conditions": _conditions(values, previous.get("conditions") or [], generation, now),
+        "conditions": _conditions(values, previous.get("conditions") or [], generation, now, kinds),
     }
 
 

@@ -123,7 +123,11 @@ def compile_template(source: str) -> jinja2.Template:
     env.globals["strftime_now"] = _strftime_now
     env.globals["dict"] = _DictFactory()
     env.globals["namespace"] = _SafeNamespace
-    return env.from_string(source)
+    template = env.from_string(source)
+    # A plain dict instead of Jinja's ChainMap over the environment's globals (fixed from here
+    # on): every render copies them into its context, ~4 µs per render through a ChainMap.
+    template.globals = dict(template.globals)
+    return template
 
 
 # ---- apply_chat_template ------------------------------------------------------------------------

@@ -147,6 +147,31 @@ class RouterConfig:
     tokenizer_path: str | None = option(
         None, "local tokenizer.json (default: fetched from a worker)"
     )
+    # prefill/decode disaggregation: sglang-router's PD mode (router/pd.py); --prefill URL
+    # [BOOTSTRAP_PORT] and --decode URL are added by add_router_args (repeatable, 1-2 values)
+    pd_disaggregation: bool = option(
+        False, "prefill/decode disaggregation: each request to a --prefill and a --decode worker"
+    )
+    prefill_policy: str | None = option(
+        None, "PD: the prefill pool's policy (default: --policy, cache-aware on its KV events)"
+    )
+    decode_policy: str | None = option(
+        None, "PD: the decode pool's policy (default: power_of_two, by load)"
+    )
+    k8s_prefill_service: str | None = option(
+        None, "PD: discover the prefill pool from this Service's EndpointSlices"
+    )
+    k8s_decode_service: str | None = option(
+        None, "PD: discover the decode pool from this Service's EndpointSlices"
+    )
+    k8s_bootstrap_port: int | None = option(
+        None, "PD: the bootstrap port of discovered prefill workers (default: none)"
+    )
+    prefill_urls: tuple[str, ...] = field(default=(), metadata=NOT_A_FLAG)
+    prefill_bootstrap_ports: Mapping[str, int | None] = field(
+        default_factory=dict, compare=False, metadata=NOT_A_FLAG
+    )
+    decode_urls: tuple[str, ...] = field(default=(), metadata=NOT_A_FLAG)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, metadata=NOT_A_FLAG)
 
     def __post_init__(self) -> None:
@@ -174,10 +199,75 @@ class RouterConfig:
             raise ValueError(f"retry_max_attempts: must be ≥ 1, got {self.retry_max_attempts}")
         if self.k8s_service and self.worker_urls:
             raise ValueError("worker_urls: pass either --worker-urls or --k8s-service, not both")
+        self._check_pd()
+
+    def _check_pd(self) -> None:
+        for name in ("prefill_policy", "decode_policy"):
+            value = getattr(self, name)
+            if value is not None and value not in POLICIES:
+                raise ValueError(f"{name}: must be one of {sorted(POLICIES)}, got {value!r}")
+        if not self.pd_disaggregation:
+            if self.prefill_urls or self.decode_urls:
+                raise ValueError("prefill: --prefill / --decode need --pd-disaggregation")
+            return
+        if not (self.prefill_urls or self.k8s_prefill_service) or not (
+            self.decode_urls or self.k8s_decode_service
+        ):
+            raise ValueError(
+                "pd_disaggregation: needs prefill and decode workers (--prefill / --decode, or "
+                "--k8s-prefill-service / --k8s-decode-service)"
+            )
+        if self.worker_urls or self.k8s_service:
+            raise ValueError(
+                "worker_urls: --pd-disaggregation takes --prefill / --decode, not --worker-urls "
+                "or --k8s-service"
+            )
+
+    @property
+    def pd_prefill_policy(self) -> str:
+        return self.prefill_policy or self.policy
+
+    @property
+    def pd_decode_policy(self) -> str:
+        return self.decode_policy or "power_of_two"
 
 
 def add_router_args(parser: argparse.ArgumentParser) -> None:
     add_dataclass_args(parser, RouterConfig)
+    parser.add_argument(
+        "--prefill",
+        nargs="+",
+        action="append",
+        metavar=("URL", "BOOTSTRAP_PORT"),
+        default=[],
+        help="PD: a prefill worker and its bootstrap port (or none: the decode's default); "
+        "repeatable",
+    )
+    parser.add_argument(
+        "--decode",
+        action="append",
+        metavar="URL",
+        default=[],
+        help="PD: a decode worker; repeatable",
+    )
+
+
+def pd_workers(
+    prefill: list[list[str]], decode: list[str]
+) -> tuple[tuple[str, ...], dict[str, int | None], tuple[str, ...]]:
+    """sglang-router's --prefill URL [PORT|none] ... and --decode URL ... lists."""
+    urls: list[str] = []
+    ports: dict[str, int | None] = {}
+    for item in prefill:
+        if len(item) > 2:
+            raise ValueError(f"prefill: expected URL [BOOTSTRAP_PORT], got {' '.join(item)}")
+        url = item[0].rstrip("/")
+        port = item[1] if len(item) == 2 else "none"
+        if port.lower() != "none" and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"prefill: bootstrap port must be a port or none, got {port!r}")
+        urls.append(url)
+        ports[url] = None if port.lower() == "none" else int(port)
+    return tuple(urls), ports, tuple(u.rstrip("/") for u in decode)
 
 
 def config_from_namespace(
@@ -190,4 +280,6 @@ def config_from_namespace(
     for item in values.get("worker_urls", ()):
         urls.extend(u for u in item.replace(",", " ").split() if u)
     values["worker_urls"] = tuple(u.rstrip("/") for u in urls)
+    prefill, ports, decode = pd_workers(getattr(ns, "prefill", []), getattr(ns, "decode", []))
+    values.update(prefill_urls=prefill, prefill_bootstrap_ports=ports, decode_urls=decode)
     return RouterConfig(**values)

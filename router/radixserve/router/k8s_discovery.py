@@ -263,10 +263,14 @@ class _SliceWatcher:
         await sync_registry(self.registry, desired_workers(self.slices.values(), self.cfg))
 
 
-async def watch_endpoint_slices(config: RouterConfig, registry: WorkerRegistry) -> None:
-    """Run forever: keep the registry's k8s workers equal to the Service's ready endpoints."""
-    if not config.k8s_service:
+async def watch_endpoint_slices(
+    config: RouterConfig, registry: WorkerRegistry, service: str | None = None
+) -> None:
+    """Run forever: keep the registry's k8s workers equal to the ready endpoints of `service`
+    (default --k8s-service; in PD mode each pool's Service)."""
+    service = service or config.k8s_service
+    if not service:
         raise ValueError("k8s_service: discovery needs a Service name")
     namespace = resolve_namespace(config.k8s_namespace)
-    logger.info("k8s discovery: service=%s namespace=%s", config.k8s_service, namespace)
-    await _SliceWatcher(config, registry, namespace, config.k8s_service).run()
+    logger.info("k8s discovery: service=%s namespace=%s", service, namespace)
+    await _SliceWatcher(config, registry, namespace, service).run()

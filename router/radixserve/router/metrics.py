@@ -87,6 +87,23 @@ class RouterMetrics:
             registry=r,
         )
         r.register(_StateCollector(workers, index))
+        # labelled children by their labels: `labels()` validates and locks on every call
+        # (~1.5 µs), three times per request; children are never removed, so they stay valid
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def _child(self, metric: Counter, *labels: str) -> Any:
+        key = (metric, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def count_request(self, worker: str, route: str, outcome: str) -> None:
+        self._child(self.requests, worker, route, outcome).inc()
+
+    def count_routed(self, worker: str, prompt_tokens: int, cached_tokens: int) -> None:
+        self._child(self.prompt_tokens, worker).inc(prompt_tokens)
+        self._child(self.cached_tokens, worker).inc(cached_tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -67,41 +67,41 @@ class Proxy:
         route: str,
         raw: bytes,
         body: dict[str, Any],
-        tokens: list[int] | None,
+        key: bytes | None,
         headers: Headers,
     ) -> Response:
+        """`key`: the prompt's ids as `encode_tokens` bytes (None: routed without them)."""
         session = headers.get(self.config.session_header) if self.config.session_header else None
         tried: set[str] = set()
         last: Response | None = None
         for attempt in range(self.config.retry_max_attempts):
             if attempt:
                 self.metrics.retries.inc()
-                await asyncio.sleep(self._backoff(attempt))
-            lease = self.selector.choose(tokens, session, exclude=tried)
+                await asyncio.sleep(self.backoff(attempt))
+            lease = self.selector.choose_encoded(key or b"", session, exclude=tried)
             if lease is None:
                 break
             self._count_decision(lease)
             tried.add(lease.worker.url)
             result = await self._attempt(lease, route, raw, body, headers)
-            if result is not None and not self._retryable(result):
+            if result is not None and not self.retryable(result):
                 return result
             last = result or last
         if last is not None:
             return last
         return no_worker_response()
 
-    def _retryable(self, resp: Response) -> bool:
+    def retryable(self, resp: Response) -> bool:
         return resp.status_code in RETRYABLE_STATUS and not isinstance(resp, StreamingResponse)
 
-    def _backoff(self, attempt: int) -> float:
+    def backoff(self, attempt: int) -> float:
         c = self.config
         delay = min(c.retry_initial_backoff_s * 1.5 ** (attempt - 1), c.retry_max_backoff_s)
         return delay * random.uniform(0.8, 1.2)
 
     def _count_decision(self, lease: Lease) -> None:
         self.metrics.decision.observe(lease.decision_s)
-        self.metrics.prompt_tokens.labels(lease.worker.url).inc(lease.num_tokens)
-        self.metrics.cached_tokens.labels(lease.worker.url).inc(lease.cached_tokens)
+        self.metrics.count_routed(lease.worker.url, lease.num_tokens, lease.cached_tokens)
 
     async def _attempt(  # noqa: PLR0913 - one try of forward's request
         self,
@@ -118,10 +118,10 @@ class Proxy:
                 worker.url,
                 route,
                 self._body_for(lease, raw, body),
-                self._headers_for(lease, headers),
+                self.headers_for(lease, headers),
             )
         except UpstreamError as exc:
-            await self._failed(lease, route, exc)
+            await self.failed(lease, route, exc)
             return None
         worker.breaker.record(resp.status < 500)
         if bool(body.get("stream")) and resp.status == 200:
@@ -129,20 +129,20 @@ class Proxy:
         try:
             content = await resp.read()
         except UpstreamError as exc:
-            await self._failed(lease, route, exc)
+            await self.failed(lease, route, exc)
             return None
         finally:
             resp.release()  # back to the pool when read whole, else closed
             lease.release()
-        self.metrics.requests.labels(worker.url, route, str(resp.status)).inc()
+        self.metrics.count_request(worker.url, route, str(resp.status))
         media = resp.header("content-type", "application/json")
         return Response(content, status_code=resp.status, media_type=media)
 
-    async def _failed(self, lease: Lease, route: str, exc: UpstreamError) -> None:
+    async def failed(self, lease: Lease, route: str, exc: UpstreamError) -> None:
         lease.release()
         worker = lease.worker
         worker.breaker.record(False)
-        self.metrics.requests.labels(worker.url, route, "transport_error").inc()
+        self.metrics.count_request(worker.url, route, "transport_error")
         logger.info("request to worker failed url=%s error=%r", worker.url, exc)
         if isinstance(exc, ConnectFailed):  # nothing listens: unambiguous, act now
             await self.registry.mark_unhealthy(worker, f"request failed: {type(exc).__name__}")
@@ -166,7 +166,7 @@ class Proxy:
             finally:
                 resp.release()  # back to the pool when read whole, else closed: an abort
                 lease.release()
-                self.metrics.requests.labels(lease.worker.url, route, outcome).inc()
+                self.metrics.count_request(lease.worker.url, route, outcome)
 
         media = resp.header("content-type", "text/event-stream")
         return StreamingResponse(chunks(), status_code=resp.status, media_type=media)
@@ -182,7 +182,7 @@ class Proxy:
             return json.dumps(pinned, ensure_ascii=False, allow_nan=False).encode()
         return raw
 
-    def _headers_for(self, lease: Lease, headers: Headers) -> dict[str, str]:
+    def headers_for(self, lease: Lease, headers: Headers) -> dict[str, str]:
         # from the raw pairs (names are lower case in ASGI): Headers.items() looks each one up
         out = {
             k.decode("latin-1"): v.decode("latin-1")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from radixserve.router.addresses import RankKey
 from radixserve.router.mirror.index import CacheIndex, PrefixMatch
+from radixserve.router.mirror.tree import TOKEN_BYTES, decode_tokens, encode_tokens
 from radixserve.router.policies import Policy, RankView, RouteRequest
 from radixserve.router.workers import Worker, WorkerRegistry
 
@@ -61,10 +62,14 @@ class Selector:
         self.sessions: OrderedDict[str, RankKey] = OrderedDict()
 
     def views(self, tokens: Sequence[int] | None, exclude: Collection[str]) -> list[RankView]:
+        return self._views(encode_tokens(tokens) if tokens else b"", exclude)
+
+    def _views(self, q: bytes, exclude: Collection[str]) -> list[RankView]:
+        """The views of a prompt encoded once (`encode_tokens`) for every tree it meets."""
         keys = [
             key for w in self.registry.available() if w.url not in exclude for key in w.rank_keys()
         ]
-        cached = self.index.match_both(tokens, keys) if tokens and self.policy.uses_cache else {}
+        cached = self.index.match_both_encoded(q, keys) if q and self.policy.uses_cache else {}
         out = []
         for url, rank in keys:
             worker = self.registry.workers[url]
@@ -91,25 +96,30 @@ class Selector:
         exclude: Collection[str] = (),
     ) -> Lease | None:
         """Pick a rank and take a lease on it; None when no rank is available."""
+        return self.choose_encoded(encode_tokens(tokens) if tokens else b"", session, exclude)
+
+    def choose_encoded(
+        self, q: bytes, session: str | None = None, exclude: Collection[str] = ()
+    ) -> Lease | None:
+        """`choose` for a prompt given as `encode_tokens` bytes (b"": without one)."""
         start = time.perf_counter()
-        views = self.views(tokens, exclude)
+        views = self._views(q, exclude)
         if not views:
             return None
-        view = self._sticky(session, views) or self.policy.select(
-            RouteRequest(len(tokens or ())), views
-        )
+        num_tokens = len(q) // TOKEN_BYTES
+        view = self._sticky(session, views) or self.policy.select(RouteRequest(num_tokens), views)
         if session is not None:
             self.sessions[session] = view.key
             self.sessions.move_to_end(session)
             if len(self.sessions) > MAX_SESSIONS:
                 self.sessions.popitem(last=False)
         if logger.isEnabledFor(logging.DEBUG):
-            _log_decision(tokens, view, views)
-        entry = self.index.on_routed(view.key, tokens) if tokens else None
+            _log_decision(q, view, views)
+        entry = self.index.on_routed_encoded(view.key, q) if q else None
         lease = Lease(
             self.registry.workers[view.key[0]],
             view.key[1],
-            len(tokens or ()),
+            num_tokens,
             view.cached_tokens,
             time.perf_counter() - start,
             view.expected_tokens,
@@ -127,11 +137,11 @@ class Selector:
         return next((v for v in views if v.key == key), None)
 
 
-def _log_decision(tokens: Sequence[int] | None, chosen: RankView, views: list[RankView]) -> None:
+def _log_decision(q: bytes, chosen: RankView, views: list[RankView]) -> None:
     """One DEBUG line per decision: which rank (`target=`, the documented key), and what every
     rank offered (cached, arriving, load, queued tokens, mirror size, recent working set);
     `head` names the prompt's first 32 tokens (a tenant)."""
-    head = hash(tuple(tokens[:32])) & 0xFFFFFF if tokens else 0
+    head = hash(tuple(decode_tokens(q[: 32 * TOKEN_BYTES]))) & 0xFFFFFF if q else 0
     offered = " ".join(
         f"{v.key[0]}#{v.key[1]}:c{v.cached_tokens}:i{v.inflight_tokens}:l{v.load}"
         f":q{v.queued_tokens}:s{v.cache_size_tokens}:w{v.working_set_tokens}"
@@ -139,5 +149,5 @@ def _log_decision(tokens: Sequence[int] | None, chosen: RankView, views: list[Ra
     )
     logger.debug(
         "route target=%s#%d prompt=%d head=%06x views=%s",
-        chosen.key[0], chosen.key[1], len(tokens or ()), head, offered,
+        chosen.key[0], chosen.key[1], len(q) // TOKEN_BYTES, head, offered,
     )  # fmt: skip

@@ -31,9 +31,12 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer
 
+from radixserve.router.byte_level import WordEncoder
+from radixserve.router.mirror.tree import TOKEN_BYTES, decode_tokens, encode_tokens
+
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_TOKENS = 1 << 20  # ids remembered across all pieces (~40 MB at most as Python ints)
+DEFAULT_MAX_TOKENS = 1 << 20  # ids remembered across all pieces (4 bytes each)
 PROBES = ("a{x}b", "{x} a {x}", " {x}  x{x}\n", "ab{x}{x}cd", "Hello world{x}\nHello world")
 
 
@@ -75,16 +78,19 @@ def boundary_tokens(backend: Tokenizer) -> list[str]:
 
 class PieceEncoder:
     """`encode(text)`: the ids of `text` without the post-processor's special tokens, from
-    remembered pieces where it can. Thread-safe (big bodies are tokenized off the loop)."""
+    remembered pieces where it can; `encode_bytes(text)` the same as `encode_tokens` bytes
+    (what the router's trees match on: pieces are held and joined as bytes, which the garbage
+    collector never walks). Thread-safe (big bodies are tokenized off the loop)."""
 
     def __init__(self, backend: Tokenizer, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
         self.backend = backend
         self.max_tokens = max_tokens
-        self._pieces: OrderedDict[str, list[int]] = OrderedDict()  # least recently used first
+        self._pieces: OrderedDict[str, bytes] = OrderedDict()  # least recently used first
         self._held = 0  # ids held in _pieces
         self._lock = threading.Lock()
+        self.words = WordEncoder.of(backend)  # new text (a question) word by word, when exact
         ids = {x: backend.token_to_id(x) for x in boundary_tokens(backend)}
-        self._ids: dict[str, int] = {x: i for x, i in ids.items() if i is not None}
+        self._ids = {x: encode_tokens([i]) for x, i in ids.items() if i is not None}
         bounds = list(self._ids)
         self._split = re.compile("(" + "|".join(map(re.escape, bounds)) + ")") if bounds else None
         if self._split is not None and not self._agrees(bounds[0]):
@@ -102,38 +108,51 @@ class PieceEncoder:
         return all(self.encode(p) == ids for p, ids in zip(probes, whole, strict=True))
 
     def encode(self, text: str) -> list[int]:
+        return decode_tokens(self.encode_bytes(text))
+
+    def encode_bytes(self, text: str) -> bytes:
         if self._split is None:
-            return encode_whole(self.backend, [text], False)[0]
+            return self._encode_new([text])[0]
         parts = self._split.split(text)  # piece, boundary, piece, ..., piece
         pieces = parts[0::2]
         with self._lock:
             found = [self._get(p) for p in pieces]
         missing = [p for p, ids in zip(pieces, found, strict=True) if ids is None and p]
-        fresh: dict[str, list[int]] = {}
+        fresh: dict[str, bytes] = {}
         if missing:
-            fresh = dict(zip(missing, encode_whole(self.backend, missing, False), strict=True))
+            fresh = dict(zip(missing, self._encode_new(missing), strict=True))
             with self._lock:
                 for piece, ids in fresh.items():
                     self._put(piece, ids)
-        out: list[int] = []
+        out: list[bytes] = []
         for i, piece in enumerate(pieces):
             if i:
                 out.append(self._ids[parts[2 * i - 1]])
             known = found[i]
-            out += fresh.get(piece, ()) if known is None else known
-        return out
+            out.append(fresh.get(piece, b"") if known is None else known)
+        return b"".join(out)
 
-    def _get(self, piece: str) -> list[int] | None:
+    def _encode_new(self, texts: list[str]) -> list[bytes]:
+        """Each text's ids: word by word where the WordEncoder takes it, else whole."""
+        fast = [self.words.encode(t) for t in texts] if self.words else [None] * len(texts)
+        rest = [t for t, ids in zip(texts, fast, strict=True) if ids is None]
+        if not rest:
+            return fast  # type: ignore[return-value]  # no None left
+        slow = iter(encode_whole(self.backend, rest, False))
+        return [encode_tokens(next(slow)) if ids is None else ids for ids in fast]
+
+    def _get(self, piece: str) -> bytes | None:
         ids = self._pieces.get(piece)
         if ids is not None:
             self._pieces.move_to_end(piece)
         return ids
 
-    def _put(self, piece: str, ids: list[int]) -> None:
-        if piece in self._pieces or len(ids) > self.max_tokens:
+    def _put(self, piece: str, ids: bytes) -> None:
+        n = len(ids) // TOKEN_BYTES
+        if piece in self._pieces or n > self.max_tokens:
             return
         self._pieces[piece] = ids
-        self._held += len(ids)
+        self._held += n
         while self._held > self.max_tokens:
             _, old = self._pieces.popitem(last=False)
-            self._held -= len(old)
+            self._held -= len(old) // TOKEN_BYTES

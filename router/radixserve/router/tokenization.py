@@ -24,8 +24,9 @@ from typing import Any
 import httpx
 from tokenizers import AddedToken, Tokenizer
 
-from radixserve.protocol.request_fields import is_token_id, message_dicts
+from radixserve.protocol.request_fields import is_token_id, message_dicts, template_tools
 from radixserve.router.chat_template import render_chat
+from radixserve.router.mirror.tree import decode_tokens, encode_tokens
 from radixserve.router.token_pieces import PieceEncoder, encode_whole
 
 logger = logging.getLogger(__name__)
@@ -138,10 +139,11 @@ class RouterTokenizer:
         adds_nothing = encode_whole(backend, probe, True) == encode_whole(backend, probe, False)
         return cls(backend, template, specials, PieceEncoder(backend), adds_nothing)
 
-    def _ids(self, text: str, add_special_tokens: bool) -> list[int]:
+    def _key(self, text: str, add_special_tokens: bool) -> bytes:
+        """The ids as `encode_tokens` bytes (the trees' key format)."""
         if add_special_tokens and not self.adds_nothing:
-            return encode_whole(self.backend, [text], True)[0]
-        return self.pieces.encode(text)
+            return encode_tokens(encode_whole(self.backend, [text], True)[0])
+        return self.pieces.encode_bytes(text)
 
     # ---- encoding -------------------------------------------------------------------------------
 
@@ -151,9 +153,12 @@ class RouterTokenizer:
 
     def encode_prompt(self, text: str) -> list[int]:
         """A text prompt's ids, as the engine's /generate and /v1/completions compute them."""
+        return decode_tokens(self._prompt_key(text))
+
+    def _prompt_key(self, text: str) -> bytes:
         if not isinstance(text, str):
             raise ValueError("prompt: expected a string")
-        return self._ids(text, True)
+        return self._key(text, True)
 
     def chat_text(self, messages: Any, chat_template_kwargs: Any = None) -> str:
         """The templated prompt text of an OpenAI `messages` list."""
@@ -164,36 +169,48 @@ class RouterTokenizer:
 
     def encode_chat(self, messages: Any, chat_template_kwargs: Any = None) -> list[int]:
         """A chat request's prompt ids, as the engine's /v1/chat/completions computes them."""
+        return decode_tokens(self._chat_key(messages, chat_template_kwargs))
+
+    def _chat_key(self, messages: Any, chat_template_kwargs: Any = None) -> bytes:
         text = self.chat_text(messages, chat_template_kwargs)
         bos = self.bos_token
-        return self._ids(text, not (bos and text.startswith(bos)))
+        return self._key(text, not (bos and text.startswith(bos)))
 
     def routing_tokens(self, path: str, body: dict[str, Any]) -> list[int] | None:
         """The ids of the request's (first) prompt, or None when the body has no usable prompt
         (the router then routes without cache information and the worker answers the 400)."""
+        key = self.routing_key(path, body)
+        return None if key is None else decode_tokens(key)
+
+    def routing_key(self, path: str, body: dict[str, Any]) -> bytes | None:
+        """`routing_tokens` as `encode_tokens` bytes, what the router's trees match on."""
         if not isinstance(body, dict):
             return None
         try:
-            ids = self._prompt_tokens(path, body)
+            key = self._prompt_tokens(path, body)
         except ValueError:
             return None
-        return ids or None  # an empty prompt is the engine's 400, not a routing key
+        return key or None  # an empty prompt is the engine's 400, not a routing key
 
-    def _prompt_tokens(self, path: str, body: dict[str, Any]) -> list[int] | None:
+    def _prompt_tokens(self, path: str, body: dict[str, Any]) -> bytes | None:
         if path == GENERATE_PATH:
             return self._generate_tokens(body)
         if path == COMPLETIONS_PATH:
             return self._completion_tokens(body.get("prompt"))
         if path == CHAT_PATH:
-            return self.encode_chat(body.get("messages"), body.get("chat_template_kwargs"))
+            kwargs = body.get("chat_template_kwargs")
+            tools = template_tools(body.get("tools"), body.get("tool_choice"))
+            if tools is not None:  # as the engine renders a tool request (tools win)
+                kwargs = {**(kwargs if isinstance(kwargs, dict) else {}), "tools": tools}
+            return self._chat_key(body.get("messages"), kwargs)
         return None
 
-    def _generate_tokens(self, body: dict[str, Any]) -> list[int] | None:
+    def _generate_tokens(self, body: dict[str, Any]) -> bytes | None:
         text, ids = body.get("text"), body.get("input_ids")
         if (text is None) == (ids is None):
             return None
         if isinstance(text, str):
-            return self.encode_prompt(text)
+            return self._prompt_key(text)
         if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
             return self._first_text(text)
         if isinstance(ids, list) and _is_ids(ids):  # a bool is no token id (the engine refuses it)
@@ -204,23 +221,23 @@ class RouterTokenizer:
 
     # A batch routes by its first prompt, but only when the engine would take the whole batch:
     # one empty prompt (or ids outside the vocabulary) anywhere is its 400 for all of them.
-    def _first_text(self, texts: list[str]) -> list[int] | None:
-        return self.encode_prompt(texts[0]) if all(texts) else None
+    def _first_text(self, texts: list[str]) -> bytes | None:
+        return self._prompt_key(texts[0]) if all(texts) else None
 
-    def _client_ids(self, ids: list[int]) -> list[int] | None:
+    def _client_ids(self, ids: list[int]) -> bytes | None:
         """Ids the client sent: outside the vocabulary they are the engine's 400, not a routing
         key (ids the tokenizer made are inside it)."""
         vocab = self.backend.get_vocab_size(with_added_tokens=True)
-        return list(ids) if all(0 <= t < vocab for t in ids) else None
+        return encode_tokens(ids) if all(0 <= t < vocab for t in ids) else None
 
-    def _first_ids(self, batch: list[list[int]]) -> list[int] | None:
+    def _first_ids(self, batch: list[list[int]]) -> bytes | None:
         vocab = self.backend.get_vocab_size(with_added_tokens=True)
         usable = all(x and all(0 <= t < vocab for t in x) for x in batch)
-        return list(batch[0]) if usable else None
+        return encode_tokens(batch[0]) if usable else None
 
-    def _completion_tokens(self, prompt: Any) -> list[int] | None:
+    def _completion_tokens(self, prompt: Any) -> bytes | None:
         if isinstance(prompt, str):
-            return self.encode_prompt(prompt)
+            return self._prompt_key(prompt)
         if not isinstance(prompt, list) or not prompt:
             return None
         if all(isinstance(p, str) for p in prompt):

@@ -21,6 +21,7 @@ import torch
 
 from radixserve.engine.attention import AttentionBackend, create_attention_backend
 from radixserve.engine.attention.grouped_backend import GroupedAttnBackend
+from radixserve.engine.configs.cpu_features import cpu_flags
 from radixserve.engine.forward_batch import ForwardBatch, ForwardMode
 from radixserve.engine.layers.radix_attention import RadixAttention
 from radixserve.engine.mem_cache import MHATokenToKVPool, ReqToTokenPool, create_allocator
@@ -42,11 +43,12 @@ class Pools:
     page_size: int
 
 
-def make_pools(page_size: int, dtype: torch.dtype, kv_heads: int) -> Pools:
+def make_pools(
+    page_size: int, dtype: torch.dtype, kv_heads: int, size: int = 4096, context: int = 1024
+) -> Pools:
     cpu = torch.device("cpu")
-    size = 4096
     return Pools(
-        ReqToTokenPool(16, 1024, cpu),
+        ReqToTokenPool(16, context, cpu),
         MHATokenToKVPool(size, page_size, dtype, kv_heads, HEAD_DIM, 1, cpu),
         create_allocator(size, page_size, cpu),
         page_size,
@@ -87,10 +89,14 @@ def make_batch(
 
 
 def grouped_variant(name: str) -> AttentionBackend:
-    """'kernel': the registry's grouped backend (the C++ kernel where it builds);
-    'pytorch': the same backend without the kernel."""
+    """'kernel': the registry's grouped backend (the C++ kernel where it builds, extends
+    through its tiled entry where the build has one); 'sdpa': the kernel for one-token rows
+    only, extends on SDPA (--disable-tiled-extend); 'pytorch': the backend without the
+    kernel."""
     if name == "kernel":
         return create_attention_backend("grouped")
+    if name == "sdpa":
+        return GroupedAttnBackend(load_paged_attention(), tiled_extend=False)
     return GroupedAttnBackend(None)
 
 
@@ -125,7 +131,7 @@ LAYOUTS = [(9, 3), (4, 1), (4, 4), (6, 1)]  # SmolLM2; one KV head per TP rank; 
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-@pytest.mark.parametrize("fast", ["kernel", "pytorch"])
+@pytest.mark.parametrize("fast", ["kernel", "sdpa", "pytorch"])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("heads", LAYOUTS, ids=lambda h: f"{h[0]}q{h[1]}kv")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -167,6 +173,62 @@ def test_extend_decode_and_mixed_match_the_reference(
     torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_long_extends_match_the_reference(page_size: int, dtype: torch.dtype) -> None:
+    """Prompts of thousands of tokens, as the tiled kernel takes them (the default where it
+    builds): a batch of prefills of different lengths, then extends over their cached
+    prefixes up to SmolLM2's 8192 tokens, one cold prompt beside them."""
+    layer = RadixAttention(9, HEAD_DIM, HEAD_DIM**-0.5, 3, layer_id=0)
+    pools = make_pools(page_size, dtype, 3, size=14336, context=8192)
+    gen = torch.Generator().manual_seed(page_size)
+    atol, rtol = TOLERANCE[dtype]
+    fb = make_batch(pools, ForwardMode.EXTEND, [0, 1, 2], [0, 0, 0], [4000, 700, 33])
+    ref, got = run_both(fb, layer, dtype, gen)
+    torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
+    fb = make_batch(pools, ForwardMode.EXTEND, [0, 1, 3], [4000, 700, 0], [4192, 300, 1200])
+    ref, got = run_both(fb, layer, dtype, gen)
+    torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
+
+
+def test_the_tiled_extend_is_the_default_where_the_kernel_has_it() -> None:
+    """The registry's grouped backend hands its extends to the tiled entry wherever the
+    kernel built with it (an AVX-512 CPU), and builds no SDPA masks for them;
+    `tiled_extend=False`, or no kernel, keeps SDPA with its masks."""
+    pools = make_pools(1, torch.bfloat16, 3)
+    make_batch(pools, ForwardMode.EXTEND, [0, 1], [0, 0], [40, 9])
+    fb = make_batch(pools, ForwardMode.EXTEND, [0, 1], [40, 9], [20, 7])
+    kernel = load_paged_attention()
+    for backend, tiled in (
+        (create_attention_backend("grouped"), kernel is not None and kernel.has_extend),
+        (GroupedAttnBackend(kernel, tiled_extend=False), False),
+        (GroupedAttnBackend(None), False),
+    ):
+        assert isinstance(backend, GroupedAttnBackend)
+        backend.init_forward_metadata(fb)
+        meta = backend._metadata(fb)
+        assert (meta.tiled is not None) == tiled
+        assert meta.tiled is None or meta.tiled.members == (0, 1)
+        assert all((r.mask is None) == tiled for r in meta.extend_reqs)
+
+
+def test_extends_the_tiled_entry_refuses_fall_back_to_sdpa() -> None:
+    """float16 (no dtype code of the kernel): the rows planned for the tiled entry go through
+    SDPA after all, with the causal masks it then builds itself."""
+    pools = make_pools(16, torch.float16, 3)
+    layer = RadixAttention(9, HEAD_DIM, HEAD_DIM**-0.5, 3, layer_id=0)
+    gen = torch.Generator().manual_seed(4)
+    prefill(pools, [0, 1], [40, 9], layer)
+    fb = make_batch(pools, ForwardMode.EXTEND, [0, 1], [40, 9], [20, 7])
+    backend = create_attention_backend("grouped")
+    assert isinstance(backend, GroupedAttnBackend)
+    backend.init_forward_metadata(fb)
+    kernel = load_paged_attention()
+    assert (backend._metadata(fb).tiled is not None) == (kernel is not None and kernel.has_extend)
+    ref, got = run_both(fb, layer, torch.float16, gen)
+    torch.testing.assert_close(got, ref, atol=5e-3, rtol=5e-3)
+
+
 def share_prefix(pools: Pools, source: int, rows: list[int], n: int) -> None:
     """Map `source`'s first n slots into `rows`, as a radix-cache hit does (no copy)."""
     slots = pools.req_to_token.req_to_token[source, :n].clone()
@@ -174,15 +236,17 @@ def share_prefix(pools: Pools, source: int, rows: list[int], n: int) -> None:
         pools.req_to_token.write(r, 0, slots)
 
 
+@pytest.mark.parametrize("fast", ["kernel", "sdpa"])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("heads", [(9, 3), (4, 4)], ids=lambda h: f"{h[0]}q{h[1]}kv")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_extends_sharing_a_cached_prefix_match_the_reference(
-    page_size: int, heads: tuple[int, int], dtype: torch.dtype
+    page_size: int, heads: tuple[int, int], dtype: torch.dtype, fast: str
 ) -> None:
     """Requests whose cached prefixes are the same slots go through the shared-prefix
-    (cascade) path: with and without own cached slots beyond the shared part, a prefix
-    shared only in part, ragged new-token counts, beside a decode and a cold request."""
+    (cascade) path where the backend groups them (with SDPA extends, or with AMX), else each
+    through the tiled entry: with and without own cached slots beyond the shared part, a
+    prefix shared only in part, ragged new-token counts, beside a decode and a cold request."""
     num_heads, kv_heads = heads
     layer = RadixAttention(num_heads, HEAD_DIM, HEAD_DIM**-0.5, kv_heads, layer_id=0)
     pools = make_pools(page_size, dtype, kv_heads)
@@ -196,11 +260,17 @@ def test_extends_sharing_a_cached_prefix_match_the_reference(
     fb = make_batch(
         pools, ForwardMode.EXTEND, [1, 2, 3, 9], [shared, shared, shared, 0], [5, 17, 9, 30]
     )
-    backend = GroupedAttnBackend(load_paged_attention())
+    backend = grouped_variant(fast)
+    assert isinstance(backend, GroupedAttnBackend)
+    # The CPU's flags decide: AMX groups them; without it the tiled entry (AVX-512) takes
+    # each member instead, unless extends are on SDPA
+    tiled = fast == "kernel" and "avx512f" in cpu_flags()
+    grouping = not tiled or cpu_has_amx()
     backend.init_forward_metadata(fb)
     groups = backend._metadata(fb).prefix_groups
-    assert [(g.slots.numel(), g.members) for g in groups] == [(shared, (0, 1, 2))]
-    ref, got = run_both(fb, layer, dtype, gen)
+    want = [(shared, (0, 1, 2))] if grouping else []
+    assert [(g.slots.numel(), g.members) for g in groups] == want
+    ref, got = run_both(fb, layer, dtype, gen, fast)
     torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
 
     # members with own cached slots after the shared part (rows 1-3 grew above), a decode
@@ -216,8 +286,8 @@ def test_extends_sharing_a_cached_prefix_match_the_reference(
     fb = make_batch(pools, ForwardMode.EXTEND, rows, prefix, ext)
     backend.init_forward_metadata(fb)
     groups = backend._metadata(fb).prefix_groups
-    assert [(g.slots.numel(), len(g.members)) for g in groups] == [(80, 5)]
-    ref, got = run_both(fb, layer, dtype, gen)
+    assert [(g.slots.numel(), len(g.members)) for g in groups] == ([(80, 5)] if grouping else [])
+    ref, got = run_both(fb, layer, dtype, gen, fast)
     torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
 
     # decode steps over the shared slots, beside row 9 with a history of its own: rows 1-6
@@ -232,7 +302,7 @@ def test_extends_sharing_a_cached_prefix_match_the_reference(
             assert decode.shared is not None
             assert decode.shared.slots.numel() == 64
             assert decode.shared.members.tolist() == [0, 1, 2, 3, 4, 5]
-        ref, got = run_both(fb, layer, dtype, gen)
+        ref, got = run_both(fb, layer, dtype, gen, fast)
         torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
         lens = [n + 1 for n in lens]
 
@@ -245,7 +315,7 @@ def test_extends_sharing_a_cached_prefix_match_the_reference(
     assert decode is not None
     if backend._kernel is not None and cpu_has_amx():  # the CPU's flags decide
         assert decode.shared is not None and decode.shared.members.tolist() == list(range(1, 7))
-    ref, got = run_both(fb, layer, dtype, gen)
+    ref, got = run_both(fb, layer, dtype, gen, fast)
     torch.testing.assert_close(got, ref, atol=atol, rtol=rtol)
 
 

@@ -1,5 +1,5 @@
-"""Tiny random-weight HF checkpoints (Llama / Qwen2 / Qwen3, and the MoE Qwen3-MoE / Mixtral /
-Qwen2-MoE) and logits from both sides.
+"""Tiny random-weight HF checkpoints (Llama / Qwen2 / Qwen3, the MoE Qwen3-MoE / Mixtral /
+Qwen2-MoE, and DeepSeek-V2 / V3 with MLA) and logits from both sides.
 
 `save_tiny` builds a model with transformers, perturbs every parameter (HF initialises norms
 to one and biases to zero, which would hide bugs in those paths), and writes it with a
@@ -46,6 +46,64 @@ MOE_KINDS: dict[str, dict[str, Any]] = {
 }
 
 
+# DeepSeek (MLA + grouped top-k MoE): 3 layers, the first dense (first_k_dense_replace); 8
+# routed experts in 4 groups of which the best 2 are candidates, top-2; widths all distinct
+# (nope 32, rope 16, v 24, latent 32) so a mixed-up split fails. YaRN with mscale ≠ 1.
+_DEEPSEEK = {
+    "num_hidden_layers": 3,
+    "num_key_value_heads": 4,
+    "first_k_dense_replace": 1,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "n_group": 4,
+    "topk_group": 2,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 32,
+    "qk_rope_head_dim": 16,
+    "v_head_dim": 24,
+}
+DEEPSEEK_KINDS: dict[str, dict[str, Any]] = {
+    # V2-Lite's shape: no q_lora_rank; softmax, group-limited greedy, two shared experts;
+    # mscale ≠ mscale_all_dim: the rotary tables carry their ratio
+    "deepseek_v2": {
+        **_DEEPSEEK,
+        "q_lora_rank": None,
+        "topk_method": "group_limited_greedy",
+        "n_shared_experts": 2,
+        "routed_scaling_factor": 1.5,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "mscale": 0.707,
+            "mscale_all_dim": 0.8,
+            "beta_fast": 32,
+            "beta_slow": 1,
+        },
+    },
+    # V3: q_lora_rank; sigmoid scores with e_score_correction_bias, renormalised, scaled 2.5
+    "deepseek_v3": {
+        **_DEEPSEEK,
+        "q_lora_rank": 48,
+        "n_shared_experts": 1,
+        "routed_scaling_factor": 2.5,
+        "norm_topk_prob": True,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "beta_fast": 32,
+            "beta_slow": 1,
+        },
+    },
+}
+
+
 def _perturb(model: torch.nn.Module, seed: int) -> None:
     """Weights/biases ~ N(0, 0.15); norm weights ~ 1 + N(0, 0.2) (never all ones)."""
     gen = torch.Generator().manual_seed(seed)
@@ -53,6 +111,9 @@ def _perturb(model: torch.nn.Module, seed: int) -> None:
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen)
             p.copy_(1 + 0.2 * noise if "norm" in name else 0.15 * noise)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # a buffer in transformers
+                b.copy_(0.1 * torch.randn(b.shape, generator=gen))
 
 
 def _save_tokenizer(folder: Path) -> None:
@@ -77,9 +138,11 @@ def save_tiny(kind: str, folder: Path, seed: int = 0, **overrides: Any) -> Any:
         "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM),
         "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM),
         "qwen2_moe": (tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM),
+        "deepseek_v2": (tf.DeepseekV2Config, tf.DeepseekV2ForCausalLM),
+        "deepseek_v3": (tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM),
     }[kind]
     torch.manual_seed(seed)
-    config = {**BASE, **MOE_KINDS.get(kind, {}), **overrides}
+    config = {**BASE, **MOE_KINDS.get(kind, {}), **DEEPSEEK_KINDS.get(kind, {}), **overrides}
     model = model_cls(config_cls(**config)).float().eval()
     _perturb(model, seed)
     model.save_pretrained(str(folder), safe_serialization=True)

@@ -29,6 +29,10 @@ SGLANG_DEFAULTS: dict[str, Any] = {
     "n": 1,
     "sampling_seed": None,
     "logit_bias": None,
+    "json_schema": None,
+    "regex": None,
+    "ebnf": None,
+    "structural_tag": None,
 }
 
 

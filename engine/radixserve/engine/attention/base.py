@@ -28,7 +28,7 @@ class AttentionBackend(ABC):
         """Store this forward's new K/V in the pool at `out_cache_loc`; the layer's whole
         (K, V) buffers, each [pool slots, Hkv, D]."""
         k = k.view(-1, layer.num_kv_heads, layer.head_dim)
-        v = v.view(-1, layer.num_kv_heads, layer.head_dim)
+        v = v.view(-1, layer.num_kv_heads, layer.v_head_dim)
         fb.token_to_kv_pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc, k, v)
         return fb.token_to_kv_pool.get_kv_buffer(layer.layer_id)
 
@@ -40,7 +40,8 @@ class AttentionBackend(ABC):
         layer: AttentionLayer,
         forward_batch: ForwardBatch,
     ) -> torch.Tensor:
-        """q: [T, Hq·D], k/v: [T, Hkv·D] → [T, Hq·D]."""
+        """q: [T, Hq·D], k: [T, Hkv·D], v: [T, Hkv·Dv] → [T, Hq·Dv] (Dv = layer.v_head_dim,
+        D unless values are narrower than keys, as in absorbed MLA)."""
         if forward_batch.forward_mode.is_decode():
             return self.forward_decode(q, k, v, layer, forward_batch)
         return self.forward_extend(q, k, v, layer, forward_batch)

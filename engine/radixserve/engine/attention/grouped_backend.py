@@ -12,10 +12,12 @@ decode path together.
 
 With the C++ kernel (`kernels/cpu/paged_attention.py`, built where a compiler is) and CPU
 tensors, the one-token rows go through one kernel call per layer instead: it reads K/V from
-the pool's slots in place (no gather, no padding mask). Multi-token extends stay on SDPA
-(faster there: it blocks the queries of a request into matrix products; measured in
-docs/benchmarks.md), and the PyTorch decode path stays as the fallback where the kernel is
-missing or the tensors don't suit it.
+the pool's slots in place (no gather, no padding mask). The multi-token extends (a prefill,
+a chunk over the earlier chunks, an extend over a cached prefix) go through its tiled
+flash-style entry, all of a forward's in one call (`flash_extend.h`: AVX-512, bf16 on
+VDPBF16PS): 5x SDPA's speed at 2k-8k tokens (docs/long-prompts.md). SDPA stays where the
+kernel has no tiled path (no AVX-512, a head dim it does not compile, `tiled_extend=False`),
+and the PyTorch decode path where the kernel is missing or the tensors don't suit it.
 
 Deterministic inference (`deterministic=True`, which needs the kernel): every query token,
 of a prefill chunk, an extend over a cached prefix or a decode, is one row of the kernel's
@@ -23,6 +25,11 @@ plain entry, which computes each row alone in a fixed order. A token's attention
 same bits whatever else ran in its forward, whether its prefix came from the cache, and
 wherever a chunk boundary fell; SDPA (blocked by the query count) and the shared-prefix
 entries (split at the prefix) are not used. docs/determinism.md gives its cost.
+
+MLA layers (absorbed DeepSeek attention: one latent KV head, values its first kv_lora_rank
+columns) take the C++ MLA decode kernel (`kernels/cpu/mla_decode.py`) for their one-token rows
+instead, also under deterministic inference (it computes each row alone); their extends take
+SDPA per request (the shared-prefix paths assume values as wide as keys).
 
 The reference backend (`torch_backend.py`) computes the same attention; tests compare them.
 """
@@ -38,9 +45,11 @@ from radixserve.engine.attention import shared_prefix
 from radixserve.engine.attention.base import AttentionBackend
 from radixserve.engine.attention.shared_prefix import PrefixGroup
 from radixserve.engine.forward_batch import AttentionLayer, ForwardBatch
+from radixserve.kernels.cpu.mla_decode import MlaDecodeKernel
 from radixserve.kernels.cpu.paged_attention import (
     SHARED_BLOCK,
     SHARED_MAX_KEYS,
+    ExtendRequests,
     PagedAttentionKernel,
 )
 
@@ -66,7 +75,24 @@ class ExtendRow:
     q_start: int
     extend: int
     slots: torch.Tensor  # [prefix + extend] int64 KV slots
-    mask: torch.Tensor | None  # [extend, prefix + extend] bool; None: causal from position 0
+    # [extend, prefix + extend] bool for SDPA; None: causal from position 0, or not built
+    # because the tiled kernel attends the row (SDPA builds it if it runs after all)
+    mask: torch.Tensor | None
+    row: int = 0  # the request's index in the batch (its row of the slot table)
+
+    @property
+    def prefix(self) -> int:
+        return self.slots.numel() - self.extend
+
+
+@dataclass(frozen=True, slots=True)
+class TiledExtends:
+    """The extend rows that go through the kernel's tiled entry together, one call a layer:
+    `members` index meta.extend_reqs, `table` is the batch's slot table."""
+
+    members: tuple[int, ...]
+    reqs: ExtendRequests
+    table: torch.Tensor  # [B, L] int64
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +114,7 @@ class ForwardMetadata:
     extend_reqs: tuple[ExtendRow, ...]
     prefix_groups: tuple[PrefixGroup, ...] = ()  # CPU: extend rows sharing a cached prefix
     group_rows: tuple[GroupRows | None, ...] = ()  # per prefix group, where the kernel runs it
+    tiled: TiledExtends | None = None  # the extend rows outside groups, for the tiled kernel
 
 
 def _decode_rows(fb: ForwardBatch, rows: list[int], token_index: list[int]) -> DecodeRows:
@@ -111,12 +138,32 @@ def _decode_rows(fb: ForwardBatch, rows: list[int], token_index: list[int]) -> D
     )
 
 
-def _extend_row(slots: torch.Tensor, start: int, prefix: int, ext: int) -> ExtendRow:
-    mask = None
-    if prefix > 0:
-        # Query j sits at absolute position prefix + j and sees keys 0..prefix + j.
-        mask = torch.ones(ext, prefix + ext, dtype=torch.bool, device=slots.device).tril(prefix)
-    return ExtendRow(start, ext, slots.long(), mask)
+def _causal_mask(prefix: int, ext: int, device: torch.device) -> torch.Tensor:
+    """Query j sits at absolute position prefix + j and sees keys 0..prefix + j."""
+    return torch.ones(ext, prefix + ext, dtype=torch.bool, device=device).tril(prefix)
+
+
+def _extend_row(  # noqa: PLR0913 - the row's parts
+    slots: torch.Tensor, start: int, prefix: int, ext: int, row: int, with_mask: bool
+) -> ExtendRow:
+    mask = _causal_mask(prefix, ext, slots.device) if with_mask and prefix > 0 else None
+    return ExtendRow(start, ext, slots.long(), mask, row)
+
+
+def _tiled_extends(
+    extends: list[ExtendRow], groups: tuple[PrefixGroup, ...], table: torch.Tensor
+) -> TiledExtends | None:
+    """The extend rows outside the prefix groups, as the tiled kernel's requests."""
+    grouped = {i for g in groups for i in g.members}
+    members = tuple(i for i in range(len(extends)) if i not in grouped)
+    if not members:
+        return None
+    rows = [extends[i] for i in members]
+    reqs = ExtendRequests.of(
+        [r.row for r in rows], [r.q_start for r in rows], [r.prefix for r in rows],
+        [r.extend for r in rows],
+    )  # fmt: skip
+    return TiledExtends(members, reqs, table.to(torch.int64).contiguous())
 
 
 def _every_token_rows(fb: ForwardBatch) -> DecodeRows:
@@ -143,7 +190,12 @@ def _every_token_rows(fb: ForwardBatch) -> DecodeRows:
     )
 
 
-def build_metadata(fb: ForwardBatch, deterministic: bool = False) -> ForwardMetadata:
+def build_metadata(
+    fb: ForwardBatch, deterministic: bool = False, tiled: bool = False, groups: bool = True
+) -> ForwardMetadata:
+    """`tiled`: the kernel's tiled entry will attend the extend rows outside prefix groups
+    (CPU tensors only; their SDPA masks are then not built). `groups`: look for extends
+    sharing a cached prefix (CPU tensors only)."""
     if deterministic and not fb.forward_mode.is_decode():
         return ForwardMetadata(_every_token_rows(fb), ())
     if fb.forward_mode.is_decode():
@@ -153,6 +205,7 @@ def build_metadata(fb: ForwardBatch, deterministic: bool = False) -> ForwardMeta
     single_tokens: list[int] = []
     extends: list[ExtendRow] = []
     kv_rows = fb.req_kv_rows(max(fb.seq_lens_cpu))
+    tiled = tiled and kv_rows.device.type == "cpu"
     completes = fb.extend_completes_cpu
     start = 0
     for i, (prefix, ext) in enumerate(
@@ -165,39 +218,52 @@ def build_metadata(fb: ForwardBatch, deterministic: bool = False) -> ForwardMeta
         # last token stays in SDPA, as in the unchunked prefill.
         last = 1 if ext > 0 and (completes is None or completes[i]) else 0
         if ext - last > 0:
-            extends.append(
-                _extend_row(kv_rows[i, : prefix + ext - last], start, prefix, ext - last)
-            )
+            slots = kv_rows[i, : prefix + ext - last]
+            extends.append(_extend_row(slots, start, prefix, ext - last, i, not tiled))
         if last:
             singles.append(i)
             single_tokens.append(start + ext - 1)
         start += ext
     decode = _decode_rows(fb, singles, single_tokens) if singles else None
-    groups: tuple[PrefixGroup, ...] = ()
-    if kv_rows.device.type == "cpu" and len(extends) >= shared_prefix.MIN_MEMBERS:
-        groups = shared_prefix.find_groups(
+    found: tuple[PrefixGroup, ...] = ()
+    if groups and kv_rows.device.type == "cpu" and len(extends) >= shared_prefix.MIN_MEMBERS:
+        found = shared_prefix.find_groups(
             [r.slots[: r.slots.numel() - r.extend] for r in extends],
             [r.q_start for r in extends],
             [r.extend for r in extends],
         )
-    return ForwardMetadata(decode, tuple(extends), groups)
+    tiled_rows = _tiled_extends(extends, found, kv_rows) if tiled else None
+    return ForwardMetadata(decode, tuple(extends), found, tiled=tiled_rows)
 
 
 class GroupedAttnBackend(AttentionBackend):
-    """`kernel`: the C++ paged attention for the one-token rows (None: PyTorch only);
-    `deterministic`: every token through its plain entry (see the module docstring)."""
+    """`kernel`: the C++ paged attention for the one-token rows and, with `tiled_extend`
+    where its build has the tiled entry, the multi-token extends (None: PyTorch only);
+    `mla_kernel`: the C++ MLA decode for the one-token rows of MLA layers (values narrower
+    than keys); `deterministic`: every token through a kernel's rows (module docstring)."""
 
     def __init__(
-        self, kernel: PagedAttentionKernel | None = None, deterministic: bool = False
+        self,
+        kernel: PagedAttentionKernel | None = None,
+        deterministic: bool = False,
+        tiled_extend: bool = True,
+        mla_kernel: MlaDecodeKernel | None = None,
     ) -> None:
         if deterministic and kernel is None:
             raise ValueError("deterministic attention needs the C++ paged kernel (not built)")
         self._kernel = kernel
+        self._mla_kernel = mla_kernel
         self._deterministic = deterministic
+        self._tiled = (
+            tiled_extend and kernel is not None and kernel.has_extend and not deterministic
+        )
+        # Extends sharing a cached prefix: attended together where the prefix goes on AMX
+        # tiles; without AMX each through the tiled entry (faster than the cascade's SDPA).
+        self._groups = not self._tiled or (kernel is not None and kernel.has_shared)
         self._meta: ForwardMetadata | None = None
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
-        meta = build_metadata(forward_batch, self._deterministic)
+        meta = build_metadata(forward_batch, self._deterministic, self._tiled, self._groups)
         if self._kernel is None or not self._kernel.has_shared or self._deterministic:
             self._meta = meta
             return
@@ -224,8 +290,10 @@ class GroupedAttnBackend(AttentionBackend):
         layer: AttentionLayer,
         rows: DecodeRows,
     ) -> torch.Tensor:
-        """q [b, Hq·D] (one token per request, rows may be strided) → [b, Hq, D]."""
+        """q [b, Hq·D] (one token per request, rows may be strided) → [b, Hq, Dv]."""
         q3 = q.unflatten(1, (layer.num_heads, layer.head_dim))
+        if layer.v_head_dim != layer.head_dim:  # absorbed MLA: one latent KV head
+            return self._mla_decode(q, q3, k_cache, v_cache, layer, rows)
         if self._deterministic:
             assert self._kernel is not None  # checked in __init__
             if not PagedAttentionKernel.supports(q3, k_cache, rows.slots):
@@ -243,6 +311,29 @@ class GroupedAttnBackend(AttentionBackend):
                 if out is not None:
                     return out
             return self._kernel(*args)
+        return _grouped_decode(q, k_cache, v_cache, layer, rows)
+
+    def _mla_decode(  # noqa: PLR0913 - one argument per input of the call
+        self,
+        q: torch.Tensor,
+        q3: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        layer: AttentionLayer,
+        rows: DecodeRows,
+    ) -> torch.Tensor:
+        """The MLA kernel where it runs (each row alone, so deterministic too), else SDPA."""
+        kernel = self._mla_kernel
+        if kernel is not None and MlaDecodeKernel.supports(q3, k_cache, rows.slots):
+            return kernel(
+                q3, k_cache, layer.v_head_dim, rows.slots, rows.req_index, rows.seq_lens,
+                layer.scaling,
+            )  # fmt: skip
+        if self._deterministic:
+            raise RuntimeError(
+                f"deterministic attention: the MLA decode kernel does not take q {q3.dtype} "
+                f"{tuple(q3.stride())}, KV {k_cache.dtype} (or was not built)"
+            )
         return _grouped_decode(q, k_cache, v_cache, layer, rows)
 
     def _write_kv(
@@ -293,7 +384,7 @@ class GroupedAttnBackend(AttentionBackend):
         k_cache, v_cache = self._write_kv(k, v, layer, forward_batch)
         assert meta.decode is not None
         out = self._decode(q, k_cache, v_cache, layer, meta.decode)
-        return out.reshape(-1, layer.num_heads * layer.head_dim)
+        return out.reshape(-1, layer.num_heads * layer.v_head_dim)
 
     def forward_extend(
         self,
@@ -307,14 +398,22 @@ class GroupedAttnBackend(AttentionBackend):
         meta = self._metadata(fb)
         k_cache, v_cache = self._write_kv(k, v, layer, fb)
         q = q.view(-1, layer.num_heads, layer.head_dim)
-        out = torch.empty_like(q)
+        out = q.new_empty((q.shape[0], layer.num_heads, layer.v_head_dim))
         if meta.decode is not None:
             dq = q.index_select(0, meta.decode.token_index)
             out[meta.decode.token_index] = self._decode(
                 dq.flatten(1), k_cache, v_cache, layer, meta.decode
             )
         done: set[int] = set()
-        for i, group in enumerate(meta.prefix_groups):
+        # the tiled and shared-prefix paths assume values as wide as keys (not MLA's latent rows)
+        full_width = layer.v_head_dim == layer.head_dim
+        tiled = meta.tiled if full_width else None
+        if tiled is not None and self._kernel is not None:
+            args = (q, k_cache, v_cache, tiled.table, tiled.reqs, layer.scaling, out)
+            if self._kernel.extend(*args):
+                done.update(tiled.members)
+        groups = meta.prefix_groups if full_width else ()
+        for i, group in enumerate(groups):
             got = None
             if meta.group_rows and (rows := meta.group_rows[i]) is not None:
                 got = self._extend_group_kernel(q, k_cache, v_cache, group, rows, layer)
@@ -327,7 +426,7 @@ class GroupedAttnBackend(AttentionBackend):
                 continue
             end = req.q_start + req.extend
             out[req.q_start : end] = _extend_one(q[req.q_start : end], k_cache, v_cache, req, layer)
-        return out.view(-1, layer.num_heads * layer.head_dim)
+        return out.view(-1, layer.num_heads * layer.v_head_dim)
 
 
 def _group_rows(group: PrefixGroup, meta: ForwardMetadata) -> GroupRows | None:
@@ -362,17 +461,16 @@ def _grouped_decode(
     layer: AttentionLayer,
     rows: DecodeRows,
 ) -> torch.Tensor:
-    """q [b, Hq·D] (one token per request) → [b, Hq, D]."""
-    b, hkv, d = rows.req_index.numel(), layer.num_kv_heads, layer.head_dim
+    """q [b, Hq·D] (one token per request) → [b, Hq, Dv]."""
+    b, hkv, d, dv = rows.req_index.numel(), layer.num_kv_heads, layer.head_dim, layer.v_head_dim
     groups = layer.num_heads // hkv
-    shape = (b, rows.max_len, hkv, d)
-    ki = k_cache.index_select(0, rows.flat_slots).view(shape).transpose(1, 2)
-    vi = v_cache.index_select(0, rows.flat_slots).view(shape).transpose(1, 2)
+    ki = k_cache.index_select(0, rows.flat_slots).view(b, rows.max_len, hkv, d).transpose(1, 2)
+    vi = v_cache.index_select(0, rows.flat_slots).view(b, rows.max_len, hkv, dv).transpose(1, 2)
     qi = q.reshape(b, hkv, groups, d)
     o = F.scaled_dot_product_attention(
         qi, ki.to(q.dtype), vi.to(q.dtype), attn_mask=rows.mask, scale=layer.scaling
     )
-    return o.reshape(b, layer.num_heads, d)
+    return o.reshape(b, layer.num_heads, dv)
 
 
 def _extend_group(  # noqa: PLR0913 - one argument per input of the call
@@ -411,16 +509,19 @@ def _extend_one(
     req: ExtendRow,
     layer: AttentionLayer,
 ) -> torch.Tensor:
-    """One request's new queries [ext, Hq, D] over its prefix + new keys → [ext, Hq, D]."""
+    """One request's new queries [ext, Hq, D] over its prefix + new keys → [ext, Hq, Dv]."""
     ki = k_cache.index_select(0, req.slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
     vi = v_cache.index_select(0, req.slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
     qi = q.transpose(0, 1).unsqueeze(0)
+    mask = req.mask
+    if mask is None and req.prefix > 0:  # left out for the tiled kernel, which did not run
+        mask = _causal_mask(req.prefix, req.extend, q.device)
     o = F.scaled_dot_product_attention(
         qi,
         ki,
         vi,
-        attn_mask=req.mask,
-        is_causal=req.mask is None,
+        attn_mask=mask,
+        is_causal=mask is None,
         scale=layer.scaling,
         enable_gqa=True,
     )

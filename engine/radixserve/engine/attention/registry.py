@@ -12,20 +12,31 @@ from radixserve.engine.attention.base import AttentionBackend
 from radixserve.engine.attention.grouped_backend import GroupedAttnBackend
 from radixserve.engine.attention.spec import AttentionSpec
 from radixserve.engine.attention.torch_backend import TorchNativeAttnBackend
+from radixserve.kernels.cpu.mla_decode import load_mla_decode
 from radixserve.kernels.cpu.paged_attention import load_paged_attention
 
 
 def _grouped(spec: AttentionSpec | None) -> AttentionBackend:
-    """The grouped backend with the C++ CPU kernel where it builds (PyTorch path otherwise;
-    deterministic inference refuses to start without it)."""
+    """The grouped backend with the C++ CPU kernels where they build (PyTorch path otherwise;
+    deterministic inference refuses to start without them), its tiled extends unless the spec
+    turns them off."""
     deterministic = spec is not None and spec.deterministic
+    tiled = spec is None or spec.tiled_extend
     kernel = load_paged_attention()
     if deterministic and kernel is None:
         raise RuntimeError(
             "enable_deterministic_inference: the C++ paged attention kernel could not be "
             "built here (see the warning above); it is the one attention path it relies on"
         )
-    return GroupedAttnBackend(kernel, deterministic)
+    # MLA models only: built on first use (a model without MLA never compiles it)
+    is_mla = spec is not None and spec.v_head_dim not in (None, spec.head_dim)
+    mla = load_mla_decode() if is_mla else None
+    if deterministic and is_mla and mla is None:
+        raise RuntimeError(
+            "enable_deterministic_inference: the C++ MLA decode kernel could not be built "
+            "here (see the warning above); MLA attention relies on it"
+        )
+    return GroupedAttnBackend(kernel, deterministic, tiled_extend=tiled, mla_kernel=mla)
 
 
 def _triton(spec: AttentionSpec | None) -> AttentionBackend:

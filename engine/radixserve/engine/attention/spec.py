@@ -23,3 +23,5 @@ class AttentionSpec:
     max_context_len: int  # the longest sequence a request may reach
     page_size: int = 1
     deterministic: bool = False  # --enable-deterministic-inference (grouped backend only)
+    tiled_extend: bool = True  # not --disable-tiled-extend (grouped backend's C++ kernel)
+    v_head_dim: int | None = None  # of values, where narrower than keys (MLA's latent rows)

@@ -3,6 +3,7 @@
 Extend: one SDPA call per request with an explicit causal mask offset by the cached prefix.
 Decode: one padded SDPA call for the whole batch (keys beyond each seq_len masked out).
 Simple and exact: the oracle that any faster backend added to the registry is tested against.
+Values may be narrower than keys (absorbed MLA: one 576-wide latent KV head, 512-wide values).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         fb = forward_batch
         k_cache, v_cache = self._write_kv(k, v, layer, fb)
         q = q.view(-1, layer.num_heads, layer.head_dim)
-        out = torch.empty_like(q)
+        out = q.new_empty((q.shape[0], layer.num_heads, layer.v_head_dim))
         rows = fb.req_kv_rows(max(fb.seq_lens_cpu))
         start = 0
         for i, (prefix, ext) in enumerate(
@@ -53,7 +54,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             oi = _sdpa(qi, ki, vi, mask[None, None], layer.scaling)
             out[start : start + ext] = oi[0].transpose(0, 1)
             start += ext
-        return out.view(-1, layer.num_heads * layer.head_dim)
+        return out.view(-1, layer.num_heads * layer.v_head_dim)
 
     def forward_decode(
         self,
@@ -74,4 +75,4 @@ class TorchNativeAttnBackend(AttentionBackend):
         vi = v_cache[slots].permute(0, 2, 1, 3).to(q.dtype)
         qi = q.view(bs, layer.num_heads, 1, layer.head_dim)
         o = _sdpa(qi, ki, vi, valid[:, None, None, :], layer.scaling)
-        return o.reshape(bs, layer.num_heads * layer.head_dim)
+        return o.reshape(bs, layer.num_heads * layer.v_head_dim)

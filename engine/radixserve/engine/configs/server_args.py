@@ -29,6 +29,13 @@ CPU_PREFILL_TOKENS_PER_CORE = 128
 CPU_CHUNKED_PREFILL_BOUNDS = (256, 2048)
 A2A_BACKENDS = ("none", "all_to_all")  # --moe-a2a-backend (layers.moe.ep_moe_forward)
 LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue")  # tokenizer.data_parallel_controller
+DISAGGREGATION_MODES = ("null", "prefill", "decode")  # SGLang's --disaggregation-mode
+TRANSFER_BACKENDS = ("mooncake", "nixl", "fake")  # disaggregation.transfer
+GRAMMAR_BACKENDS = ("xgrammar", "none")  # constrained.create_grammar_backend
+# SGLang's parser names (entrypoints/tool_calls, entrypoints/reasoning): checked here too, as
+# configs may not import the entrypoints
+TOOL_CALL_PARSERS = ("hermes", "qwen25", "qwen", "llama3", "mistral", "pythonic")
+REASONING_PARSERS = ("deepseek-r1", "qwen3", "qwen3-thinking")
 API_KEY_ENV = "RADIXSERVE_API_KEY"  # how Kubernetes hands the engine a Secret (secretKeyRef)
 
 
@@ -133,6 +140,12 @@ class ServerArgs:
     disable_rowwise_gemm: bool = option(
         False, "CPU bf16 without AMX: oneDNN projections, not our kernel"
     )
+    # The grouped backend's multi-token extends (prefill, chunks, cached-prefix extends) go
+    # through the paged kernel's tiled entry (kernels/cpu/flash_extend.h) where the build has
+    # it; this is the A/B against PyTorch's SDPA
+    disable_tiled_extend: bool = option(
+        False, "CPU: multi-token extends through PyTorch SDPA, not the tiled C++ kernel"
+    )
     # SGLang's flag: every projection through a row-invariant kernel (AMX, else
     # kernels/cpu/rowwise_gemm.cpp, never oneDNN) and every query token's attention through
     # the paged kernel's one path. docs/determinism.md: what it costs
@@ -165,6 +178,55 @@ class ServerArgs:
     )
     enable_dp_attention: bool = option(
         False, "attention, KV cache and scheduler per DP rank; MLP / MoE over the whole TP group"
+    )
+    # prefill/decode disaggregation (docs/disaggregation.md): SGLang's flags
+    disaggregation_mode: str = option(
+        "null",
+        "null (co-located), prefill (compute prompts, send their KV), or decode (receive the "
+        "KV, then decode)",
+        choices=DISAGGREGATION_MODES,
+    )
+    disaggregation_transfer_backend: str = option(
+        "mooncake",
+        "how the KV moves: mooncake (TransferEngine, TCP without RDMA), nixl (not implemented), "
+        "fake (unit tests: both sides in one process)",
+        choices=TRANSFER_BACKENDS,
+    )
+    disaggregation_bootstrap_port: int = option(
+        8998,
+        "prefill: the bootstrap server's port; decode: the port of requests that name none",
+    )
+    disaggregation_ib_device: str | None = option(
+        None, "Mooncake: RDMA device(s) to use (default: TCP)"
+    )
+    disaggregation_decode_enable_radix_cache: bool = option(
+        False,
+        "decode: keep a radix cache, so the prefill sends only the pages the decode lacks",
+    )
+    # structured outputs (docs/structured_outputs.md)
+    grammar_backend: str = option(
+        "xgrammar",
+        "constrained decoding (json_schema, regex, ebnf, response_format, forced tool calls): "
+        "xgrammar, or none (such requests are refused with a 400)",
+        choices=GRAMMAR_BACKENDS,
+    )
+    constrained_json_disable_any_whitespace: bool = option(
+        False, "JSON schemas allow no free whitespace (compact JSON only)"
+    )
+    constrained_json_max_whitespace_cnt: int | None = option(
+        None, "most whitespace characters in a row inside constrained JSON (default: no limit)"
+    )
+    tool_call_parser: str | None = option(
+        None,
+        "parse tool calls out of chat answers in this model format: "
+        + " | ".join(TOOL_CALL_PARSERS)
+        + " (default: tool calls only when tool_choice is required or names a function)",
+        choices=TOOL_CALL_PARSERS,
+    )
+    reasoning_parser: str | None = option(
+        None,
+        "split <think>…</think> into reasoning_content: " + " | ".join(REASONING_PARSERS),
+        choices=REASONING_PARSERS,
     )
     # serving
     host: str = option("127.0.0.1", "address the HTTP server binds")
@@ -220,6 +282,9 @@ class ServerArgs:
     def __post_init__(self) -> None:
         check_choices(self)
         _check(self.page_size >= 1, "page_size", f"must be ≥ 1, got {self.page_size}")
+        cnt = self.constrained_json_max_whitespace_cnt
+        name = "constrained_json_max_whitespace_cnt"
+        _check(cnt is None or cnt >= 1, name, f"must be ≥ 1, got {cnt}")
         check_cpu_bind(self.cpu_bind)
         for name in ("max_request_body_bytes", "header_timeout_s"):
             value = getattr(self, name)
@@ -265,6 +330,7 @@ class ServerArgs:
             f"must be auto, vllm or an existing path, got {self.generation_config!r}",
         )
         self._check_parallelism()
+        self._check_disaggregation()
         chunk = self.chunked_prefill_size
         _check(
             chunk is None or chunk == -1 or chunk >= self.page_size,
@@ -302,6 +368,19 @@ class ServerArgs:
             name,
             f"runs in bfloat16 (the packed kernels' dtype), got {self.resolved_dtype}",
         )
+
+    def _check_disaggregation(self) -> None:
+        if self.disaggregation_mode == "null":
+            return
+        name = "disaggregation_mode"
+        _check(
+            self.num_ranks == 1,
+            name,
+            f"{self.disaggregation_mode} runs with tp_size = dp_size = 1 for now "
+            f"(got tp_size {self.tp_size}, dp_size {self.dp_size})",
+        )
+        port = self.disaggregation_bootstrap_port
+        _check(0 < port < 65536, "disaggregation_bootstrap_port", f"must be a port, got {port}")
 
     def _check_parallelism(self) -> None:
         for name in ("tp_size", "dp_size", "ep_size"):
@@ -368,8 +447,8 @@ class ServerArgs:
         """Whether the overlapped event loop runs (default: everywhere but on CPU, where the
         forward thread and the scheduler compete for the same few cores). DP attention runs
         without it: each step's token counts are agreed before its forward."""
-        if self.enable_dp_attention:
-            return False
+        if self.enable_dp_attention or self.disaggregation_mode != "null":
+            return False  # disaggregation: its queues hook the non-overlapped loop
         if self.disable_overlap_schedule is None:
             return self.device != "cpu"
         return not self.disable_overlap_schedule

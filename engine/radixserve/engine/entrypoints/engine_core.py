@@ -61,14 +61,17 @@ class EngineCore:
             _core = SchedulerCore(args)
         self.core = _core
         self.server_args = self.core.server_args
-        self.tokenizer = _tokenizer if _tokenizer is not None else load_tokenizer(_core.source)
+        self.tokenizer = _tokenizer or _core.tokenizer or load_tokenizer(_core.source)
         self.detok = IncrementalDetokenizer.for_tokenizer(self.tokenizer)
         self.model_config = self.core.model_config
         self.runner = self.core.runner
         self.scheduler = self.core.scheduler
         info = self.core.context_info()
         self.limits = ServerLimits(
-            info["context_len"], info["max_req_input_len"], self.model_config.vocab_size
+            info["context_len"],
+            info["max_req_input_len"],
+            self.model_config.vocab_size,
+            grammar_backend=self.server_args.grammar_backend,
         )
 
     def with_args(self, **overrides: Any) -> EngineCore:

@@ -38,6 +38,7 @@ from radixserve.engine.entrypoints.openai_protocol import (
 )
 from radixserve.engine.entrypoints.openai_serving import chat_prompt, install_openai_routes
 from radixserve.engine.entrypoints.request_builder import (
+    BootstrapFields,
     InvalidRequest,
     OutputOptions,
     Prompt,
@@ -79,6 +80,7 @@ def generate_inputs(state: ServerState, body: dict[str, Any]) -> tuple[list[Gene
         _flag(body, "return_logprob"),
         top,
         body.get("data_parallel_rank"),  # checked by build_inputs
+        BootstrapFields.of(body),  # likewise
     )
     inputs = build_inputs(prompts, params, state.limits, options)
     return inputs, single and len(inputs) == 1

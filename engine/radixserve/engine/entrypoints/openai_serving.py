@@ -23,6 +23,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from radixserve.engine.entrypoints.chat_output import ChatOutputConfig, ChoiceOutput
+from radixserve.engine.entrypoints.function_call import (
+    plan_tools,
+    tool_finish,
+    with_tool_constraint,
+)
 from radixserve.engine.entrypoints.generation import (
     DONE,
     GenerateOutput,
@@ -38,6 +44,7 @@ from radixserve.engine.entrypoints.openai_protocol import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    SamplingRequest,
     TokenLogprobs,
     TokenText,
     chat_logprobs,
@@ -49,7 +56,14 @@ from radixserve.engine.entrypoints.openai_protocol import (
     prompt_list,
     usage,
 )
-from radixserve.engine.entrypoints.request_builder import InvalidRequest, OutputOptions, Prompt
+from radixserve.engine.entrypoints.reasoning import starts_in_reasoning, thinks_first
+from radixserve.engine.entrypoints.request_builder import (
+    BootstrapFields,
+    InvalidRequest,
+    OutputOptions,
+    Prompt,
+)
+from radixserve.engine.entrypoints.response_format import response_format_params
 from radixserve.engine.entrypoints.server_state import ServerState
 from radixserve.engine.tokenizer.io_struct import GenerateChunk, GenerateInput
 from radixserve.protocol.http_edge import sse_error
@@ -144,6 +158,16 @@ def _streaming(events: AsyncGenerator[bytes, None]) -> StreamingResponse:
 # ---- /v1/completions ----------------------------------------------------------------------------
 
 
+def _bootstrap(req: SamplingRequest) -> BootstrapFields | None:
+    return BootstrapFields.of(
+        {
+            "bootstrap_host": req.bootstrap_host,
+            "bootstrap_port": req.bootstrap_port,
+            "bootstrap_room": req.bootstrap_room,
+        }
+    )
+
+
 async def create_completion(request: Request) -> Response:
     state = _state(request)
     req: CompletionRequest = await parse_body(request, CompletionRequest)
@@ -155,7 +179,9 @@ async def create_completion(request: Request) -> Response:
     prompts = prompt_list(req.prompt, state.tokenizer_manager.tokenize)
     max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
     want_lp = req.logprobs is not None
-    options = OutputOptions(req.stream, want_lp, req.logprobs or 0, req.data_parallel_rank)
+    options = OutputOptions(
+        req.stream, want_lp, req.logprobs or 0, req.data_parallel_rank, _bootstrap(req)
+    )
     inputs = openai_inputs(prompts, req.sampling_params(max_tokens), state.limits, options)
     call = _Call(
         "text_completion",
@@ -227,10 +253,12 @@ def chat_prompt(
     messages: list[ChatMessage],
     template_kwargs: dict[str, Any] | None,
     add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
 ) -> tuple[str, list[int]]:
     """Templated text and its ids (no second BOS when the template already starts with one).
 
     The one path from chat messages to prompt ids: /v1/chat/completions and /tokenize use it.
+    `tools` (OpenAI's shape) go to the template, which may show them to the model or not.
     """
     if getattr(tokenizer, "chat_template", None) is None:
         raise InvalidRequest("messages: this model has no chat template")
@@ -243,7 +271,7 @@ def chat_prompt(
             dicts,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
-            **(template_kwargs or {}),
+            **{**(template_kwargs or {}), **({"tools": tools} if tools else {})},
         )
     except Exception as exc:  # template errors are the client's messages
         raise InvalidRequest(f"messages: cannot apply the chat template: {exc}") from None
@@ -253,11 +281,6 @@ def chat_prompt(
 
 
 def _check_chat(req: ChatCompletionRequest) -> None:
-    if req.tools:
-        raise InvalidRequest("tools: tool calling is not supported by this server")
-    fmt = (req.response_format or {}).get("type")
-    if fmt not in (None, "text"):
-        raise InvalidRequest('response_format: only {"type": "text"} is supported')
     if req.top_logprobs and not req.logprobs:
         raise InvalidRequest("top_logprobs: requires logprobs to be true")
 
@@ -267,17 +290,29 @@ async def create_chat_completion(request: Request) -> Response:
     req: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
     check_model(req, state.args.model_name)
     _check_chat(req)
-    text, ids = chat_prompt(state.tokenizer, req.messages, req.chat_template_kwargs)
+    args = state.args
+    plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, args.tool_call_parser)
+    text, ids = chat_prompt(
+        state.tokenizer, req.messages, req.chat_template_kwargs, tools=plan.template_tools
+    )
     max_tokens = (
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
     if max_tokens is None:  # SGLang: generate until the context is full
         max_tokens = max(0, state.limits.context_len - len(ids) - 1)
     top = (req.top_logprobs or 0) if req.logprobs else 0
-    options = OutputOptions(req.stream, req.logprobs, top, req.data_parallel_rank)
-    inputs = openai_inputs(
-        [Prompt(text, ids)], req.sampling_params(max_tokens), state.limits, options
+    parser, kwargs = args.reasoning_parser, req.chat_template_kwargs
+    thinks = parser is not None and req.separate_reasoning and thinks_first(parser, kwargs)
+    options = OutputOptions(
+        req.stream, req.logprobs, top, req.data_parallel_rank, _bootstrap(req), thinks
     )
+    params = {**req.sampling_params(max_tokens), **response_format_params(req.response_format)}
+    params = with_tool_constraint(params, plan)
+    inputs = openai_inputs([Prompt(text, ids)], params, state.limits, options)
+    reasoning = None
+    if parser is not None and req.separate_reasoning:
+        reasoning = starts_in_reasoning(parser)
+    output = ChatOutputConfig(plan, reasoning)
     call = _Call(
         "chat.completion",
         state.args.model_name,
@@ -287,17 +322,19 @@ async def create_chat_completion(request: Request) -> Response:
         req.include_usage,
     )
     if req.stream:
-        return _streaming(_chat_stream(request, call, req.logprobs))
+        return _streaming(_chat_stream(request, call, req.logprobs, output))
     outs = await _run(request, call)
     choices = []
     for i, out in enumerate(outs):
         reason, matched = finish_reason(out.finish_reason)
+        parsed = ChoiceOutput(output)
+        message = parsed.message(out.text)
         choices.append(
             {
                 "index": i,
-                "message": {"role": "assistant", "content": out.text},
+                "message": message,
                 "logprobs": chat_logprobs(call.text_of, _lps(out)) if req.logprobs else None,
-                "finish_reason": reason,
+                "finish_reason": tool_finish(reason, parsed.has_tool_calls),
                 "matched_stop": matched,
             }
         )
@@ -305,8 +342,11 @@ async def create_chat_completion(request: Request) -> Response:
     return JSONResponse(body)
 
 
-def _chat_stream(request: Request, call: _Call, want_lp: bool) -> AsyncGenerator[bytes, None]:
+def _chat_stream(
+    request: Request, call: _Call, want_lp: bool, output: ChatOutputConfig
+) -> AsyncGenerator[bytes, None]:
     kind = call.chunk_kind
+    parsers = [ChoiceOutput(output) for _ in call.inputs]
 
     def choice(i: int, delta: Chunk, lp: Any = None, reason: Any = None, **extra: Any) -> Chunk:
         c = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": reason, **extra}
@@ -316,9 +356,16 @@ def _chat_stream(request: Request, call: _Call, want_lp: bool) -> AsyncGenerator
         reason, matched = finish_reason(chunk.finish_reason)
         lp = chat_logprobs(call.text_of, _lps(chunk)) if want_lp else None
         out = []
-        if chunk.text_delta or (lp and lp["content"]):
-            out.append(choice(i, {"content": chunk.text_delta}, lp))
+        if output.is_plain:
+            if chunk.text_delta or (lp and lp["content"]):
+                out.append(choice(i, {"content": chunk.text_delta}, lp))
+        else:
+            deltas = parsers[i].deltas(chunk.text_delta, final=reason is not None)
+            if not deltas and lp and lp["content"]:
+                deltas = [{"content": ""}]
+            out += [choice(i, d, lp if k == 0 else None) for k, d in enumerate(deltas)]
         if reason is not None:
+            reason = tool_finish(reason, parsers[i].has_tool_calls)
             out.append(choice(i, {}, None, reason, matched_stop=matched))
         return out
 

@@ -8,12 +8,17 @@ name); anything else that escapes from here is a bug.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from radixserve.engine.constrained import check_grammar
+from radixserve.engine.disaggregation.wire import FAKE_BOOTSTRAP_HOST
+from radixserve.engine.ipc.messages import Bootstrap
 from radixserve.engine.sampling import SamplingParams
+from radixserve.engine.sampling.sampling_params import GRAMMAR_FIELDS
 from radixserve.engine.tokenizer.io_struct import GenerateInput
 from radixserve.protocol.http_api import MAX_N, MAX_TOP_LOGPROBS
 from radixserve.protocol.request_fields import is_token_id
@@ -38,8 +43,10 @@ class ServerLimits:
     max_req_input_len: int
     vocab_size: int
     dp_size: int = 1  # data_parallel_rank must be in [0, dp_size)
+    grammar_backend: str = "xgrammar"  # "none": constrained requests are refused
     # what a request gets for the sampling parameters it leaves unset (--generation-config)
     sampling_defaults: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    bootstrap_port: int = 8998  # --disaggregation-bootstrap-port: a request's port when it has none
 
 
 class Prompt(NamedTuple):
@@ -55,6 +62,52 @@ class OutputOptions:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     data_parallel_rank: int | None = None  # pin every prompt of the call to this DP rank
+    bootstrap: BootstrapFields | None = None  # prefill/decode disaggregation, as sent
+    # the answer opens with reasoning (--reasoning-parser): a grammar applies after </think>
+    require_reasoning: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BootstrapFields:
+    """SGLang's `bootstrap_host` / `bootstrap_port` / `bootstrap_room` as the client sent them:
+    each a scalar (every prompt) or a list with one entry per prompt."""
+
+    host: Any = None
+    port: Any = None
+    room: Any = None
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> BootstrapFields | None:
+        fields = cls(
+            body.get("bootstrap_host"), body.get("bootstrap_port"), body.get("bootstrap_room")
+        )
+        return None if fields == cls() else fields
+
+    def for_prompt(self, i: int, num_prompts: int, default_port: int) -> Bootstrap | None:
+        """Prompt i's checked fields; None for SGLang's fake host (run co-located)."""
+        host = _item(self.host, "bootstrap_host", i, num_prompts)
+        port = _item(self.port, "bootstrap_port", i, num_prompts)
+        room = _item(self.room, "bootstrap_room", i, num_prompts)
+        if host is None or room is None:
+            missing = "bootstrap_room" if host is not None else "bootstrap_host"
+            raise InvalidRequest(f"{missing}: required with the other bootstrap fields")
+        if not isinstance(host, str) or not host:
+            raise InvalidRequest(f"bootstrap_host: expected a host name, got {host!r}")
+        if not is_token_id(room) or not 0 <= room < 2**63:
+            raise InvalidRequest(f"bootstrap_room: expected an integer in [0, 2**63), got {room!r}")
+        if port is not None and (not is_token_id(port) or not 0 < port < 65536):
+            raise InvalidRequest(f"bootstrap_port: expected a port number, got {port!r}")
+        if host == FAKE_BOOTSTRAP_HOST:
+            return None
+        return Bootstrap(host, default_port if port is None else port, room)
+
+
+def _item(value: Any, name: str, i: int, num_prompts: int) -> Any:
+    if not isinstance(value, list):
+        return value
+    if len(value) != num_prompts:
+        raise InvalidRequest(f"{name}: {len(value)} entries for {num_prompts} prompts")
+    return value[i]
 
 
 def native_prompts(
@@ -99,6 +152,7 @@ def parse_params(raw: dict[str, Any], vocab_size: int) -> SamplingParams:
     for key, value in raw.items():  # the scheduler's messages carry int64 at most
         if is_token_id(value) and not -(2**63) <= value < 2**63:
             raise InvalidRequest(f"{key}: integer out of range, got {value}")
+    raw = _grammar_text(raw)
     try:
         params = SamplingParams.from_dict(raw)
         params.verify(vocab_size)  # before normalize, which rewrites temperature 0 → top_k 1
@@ -106,6 +160,31 @@ def parse_params(raw: dict[str, Any], vocab_size: int) -> SamplingParams:
         raise InvalidRequest(str(exc)) from None
     params.normalize()
     return params
+
+
+def _grammar_text(raw: dict[str, Any]) -> dict[str, Any]:
+    """`json_schema` / `structural_tag` given as a JSON object (not only as JSON text, SGLang's
+    form) become the text; the grammar is keyed and compiled by its text."""
+    out = dict(raw)
+    for name in ("json_schema", "structural_tag"):
+        if isinstance(out.get(name), dict | bool):
+            out[name] = json.dumps(out[name])
+    return out
+
+
+def check_grammar_fields(params: SamplingParams, limits: ServerLimits) -> None:
+    """A grammar field parses (else a 400 naming it), and this server can serve it."""
+    if not params.has_grammar:
+        return
+    if limits.grammar_backend == "none":
+        field = next(g for g in GRAMMAR_FIELDS if getattr(params, g) is not None)
+        raise InvalidRequest(
+            f"{field}: constrained decoding is off on this server (--grammar-backend none)"
+        )
+    try:
+        check_grammar(params)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
 
 
 def check_prompt(ids: list[int], max_new_tokens: int, limits: ServerLimits) -> None:
@@ -152,10 +231,16 @@ def build_inputs(
     want_lp = options.return_logprob or options.top_logprobs_num > 0
     check_dp_rank(options.data_parallel_rank, limits.dp_size)
     out: list[GenerateInput] = []
-    for prompt, raw in zip(prompts, raw_params, strict=True):
+    for index, (prompt, raw) in enumerate(zip(prompts, raw_params, strict=True)):
         params = parse_params({**limits.sampling_defaults, **raw}, limits.vocab_size)
+        check_grammar_fields(params, limits)
         if params.n > MAX_N:  # each sample is a request of its own: bound the fan-out
             raise InvalidRequest(f"n: must be <= {MAX_N}, got {params.n}")
+        bootstrap = None
+        if options.bootstrap is not None:
+            bootstrap = options.bootstrap.for_prompt(index, len(prompts), limits.bootstrap_port)
+        if bootstrap is not None and params.n > 1:  # one room names one request
+            raise InvalidRequest("n: must be 1 with bootstrap_room (a room per request)")
         if any(not 0 <= t < limits.vocab_size for t in prompt.input_ids):
             raise InvalidRequest(f"input_ids: token ids must be in [0, {limits.vocab_size})")
         if check_lengths:
@@ -172,6 +257,8 @@ def build_inputs(
                     want_lp,
                     options.top_logprobs_num,
                     data_parallel_rank=options.data_parallel_rank,
+                    bootstrap=bootstrap,
+                    require_reasoning=options.require_reasoning,
                 )
             )
     return out

@@ -87,9 +87,9 @@ def build_state(
     defaults = _sampling_defaults(args, source, files.config.vocab_size)
     limits = ServerLimits(
         info["context_len"], info["max_req_input_len"], files.config.vocab_size, args.dp_size,
-        MappingProxyType(defaults),
+        args.grammar_backend, MappingProxyType(defaults), args.disaggregation_bootstrap_port,
     )  # fmt: skip
-    metrics = EngineMetrics(args.model_name)
+    metrics = EngineMetrics(args.model_name, args.disaggregation_mode != "null")
     request_log = RequestLogOptions(args.log_requests, args.log_requests_text)
     tm = TokenizerManager(
         tokenizer,

@@ -47,7 +47,9 @@ class AttentionLayer(Protocol):
     @property
     def num_kv_heads(self) -> int: ...  # KV heads on this rank
     @property
-    def head_dim(self) -> int: ...
+    def head_dim(self) -> int: ...  # of q and k
+    @property
+    def v_head_dim(self) -> int: ...  # of v and the output (MLA: narrower than head_dim)
     @property
     def scaling(self) -> float: ...  # softmax scale of q·k
 

@@ -29,6 +29,15 @@ class DetokenizeParams(msgspec.Struct, frozen=True, omit_defaults=True):
     stop_strs: list[str] = []
 
 
+class Bootstrap(msgspec.Struct, frozen=True):
+    """Prefill/decode disaggregation: where the request's prefill runs (its bootstrap server)
+    and the room that names the request on both sides (the router picks all three)."""
+
+    host: str
+    port: int
+    room: int
+
+
 class TokenizedGenerateReq(_Msg, frozen=True):
     rid: str
     input_ids: list[int]
@@ -42,10 +51,14 @@ class TokenizedGenerateReq(_Msg, frozen=True):
     # detokenizer watches the text for stop strings.
     stream: bool = False
     data_parallel_rank: int | None = None  # pinned DP rank (wired in by the DP controller)
+    # The answer starts with reasoning (--reasoning-parser): its grammar, if any, constrains
+    # only what follows the reasoning's end marker.
+    require_reasoning: bool = False
     # The tokenizer's EOS id: the scheduler has no tokenizer; it adds the model config's EOS
     # ids and the request's stop_token_ids.
     eos_token_id: int | None = None
     detokenize: DetokenizeParams = DetokenizeParams()
+    bootstrap: Bootstrap | None = None  # set on a prefill or decode server's PD requests
 
 
 class AbortReq(_Msg, frozen=True):
@@ -89,6 +102,17 @@ class LoadOutput(_Msg, frozen=True):
     num_used_tokens: int
     max_total_num_tokens: int
     token_usage: float
+    # prefill/decode disaggregation (zero elsewhere): SGLang's load-snapshot queue counts
+    num_prefill_bootstrap_queue_reqs: int = 0
+    num_prefill_inflight_queue_reqs: int = 0
+    num_decode_prealloc_queue_reqs: int = 0
+    num_decode_transfer_queue_reqs: int = 0
+    kv_transfer_pages_total: int = 0  # pages written (prefill) or received (decode)
+    kv_transfer_bytes_total: int = 0
+    kv_transfer_seconds_total: float = 0.0  # prefill: time inside the transfer engine
+    kv_transfers_total: int = 0  # rooms concluded with every page moved
+    kv_transfer_failed_total: int = 0
+    bootstrap_failed_total: int = 0  # rooms refused or lost at bootstrap
 
 
 class StateOutput(_Msg, frozen=True):

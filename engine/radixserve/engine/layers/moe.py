@@ -46,18 +46,14 @@ from radixserve.engine.configs.model_config import MoEConfig
 from radixserve.engine.distributed import GroupHandle
 from radixserve.engine.layers.activation import SiluAndMul
 from radixserve.engine.layers.linear import Linear
+from radixserve.engine.layers.moe_router import MoEGate, TopKOutput, select_experts
+
+__all__ = ["ExpertRange", "FusedMoE", "SparseMoeBlock", "TopKOutput", "select_experts"]
 from radixserve.kernels.fused_ops_protocol import FusedMoeOps
 
 # Which third of an expert a checkpoint tensor is: w1 = gate, w3 = up, w2 = down (Mixtral's
 # names; Qwen's gate_proj / up_proj / down_proj map onto them).
 ExpertShard = Literal["w1", "w2", "w3"]
-
-
-class TopKOutput(NamedTuple):
-    """The router's choice per token, best first."""
-
-    weights: torch.Tensor  # [T, top_k] float32
-    ids: torch.Tensor  # [T, top_k] int64, global expert ids, distinct per row
 
 
 class ExpertRange(NamedTuple):
@@ -82,19 +78,6 @@ class ExpertRange(NamedTuple):
             )
         per_rank = num_experts // ep.size
         return cls(ep.rank * per_rank, (ep.rank + 1) * per_rank)
-
-
-def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> TopKOutput:
-    """Softmax over experts (float32), then the top_k largest, renormalised to sum 1 when asked.
-
-    router_logits: [T, E]. Qwen-MoE renormalises when `norm_topk_prob`; Mixtral's "top-k of the
-    logits, then softmax over those k" is the same as softmax -> top-k -> renormalise.
-    """
-    probs = torch.softmax(router_logits.float(), dim=-1)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
-    if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return TopKOutput(weights, ids)
 
 
 class FusedMoE(nn.Module):
@@ -250,9 +233,10 @@ def _all_to_all(
 
 
 class SparseMoeBlock(nn.Module):
-    """The MoE MLP of one decoder layer: `gate` (router, [E, H]), `experts`, and optionally a
-    `shared_expert` (any dense MLP module [T, H] → [T, H], built by the model) every token
-    passes through, scaled by sigmoid(`shared_expert_gate` · x) (Qwen2-MoE).
+    """The MoE MLP of one decoder layer: `gate` (the router, `moe_router.MoEGate`), `experts`,
+    and optionally a `shared_expert` (any dense MLP module [T, H] → [T, H], built by the model)
+    every token passes through, scaled by sigmoid(`shared_expert_gate` · x) where the config
+    gates it (Qwen2-MoE; DeepSeek's shared experts are added as they are).
 
     Under expert parallelism (`ep` of size > 1) this rank holds its `ExpertRange.for_rank`
     slice and `a2a_backend` (none | all_to_all, `ep_moe_forward`) joins the ranks' shares.
@@ -268,25 +252,33 @@ class SparseMoeBlock(nn.Module):
         a2a_backend: str = "none",
     ) -> None:
         super().__init__()
-        self.top_k, self.renormalize = moe.top_k, moe.norm_topk_prob
+        self.moe = moe
         self.ep, self.a2a_backend = ep or GroupHandle.single(), a2a_backend
         if self.ep.size > 1:
             expert_range = ExpertRange.for_rank(moe.num_experts, self.ep)
-        self.gate = Linear(hidden_size, moe.num_experts, bias=False)
+        self.gate = MoEGate(moe, hidden_size)
         self.experts = FusedMoE(
             moe.num_experts, hidden_size, moe.moe_intermediate_size, expert_range
         )
         self.shared_expert = shared_expert
-        self.shared_expert_gate = Linear(hidden_size, 1, bias=False) if shared_expert else None
+        gated = shared_expert is not None and moe.shared_expert_gated
+        self.shared_expert_gate = Linear(hidden_size, 1, bias=False) if gated else None
+
+    def select(self, hidden: torch.Tensor) -> TopKOutput:
+        """Each token's experts: the fused top-k where it implements the config's routing."""
+        fused, moe = self.experts.fused, self.moe
+        if fused is not None and moe.plain_routing:
+            chosen = fused.select_experts(self.gate(hidden), moe.top_k, moe.norm_topk_prob)
+            if chosen:
+                return TopKOutput(*chosen)
+        return self.gate.route(hidden)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [T, H] → [T, H]."""
-        logits, fused = self.gate(hidden), self.experts.fused
-        chosen = fused.select_experts(logits, self.top_k, self.renormalize) if fused else None
-        topk = (
-            TopKOutput(*chosen) if chosen else select_experts(logits, self.top_k, self.renormalize)
-        )
-        out = ep_moe_forward(self.experts, hidden, topk, self.ep, self.a2a_backend)
-        if self.shared_expert is not None and self.shared_expert_gate is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(hidden)) * self.shared_expert(hidden)
-        return out
+        out = ep_moe_forward(self.experts, hidden, self.select(hidden), self.ep, self.a2a_backend)
+        if self.shared_expert is None:
+            return out
+        shared = self.shared_expert(hidden)
+        if self.shared_expert_gate is not None:
+            shared = torch.sigmoid(self.shared_expert_gate(hidden)) * shared
+        return out + shared

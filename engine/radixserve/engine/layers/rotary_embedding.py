@@ -1,5 +1,6 @@
-"""Rotary position embedding (NeoX / HF "rotate_half" layout) with the rope-scaling variants
-the supported configs use: default, linear, llama3 and yarn.
+"""Rotary position embedding (NeoX / HF "rotate_half" layout, and the interleaved GPT-J layout
+DeepSeek's MLA uses) with the rope-scaling variants the supported configs use: default,
+linear, llama3 and yarn (with DeepSeek's mscale / mscale_all_dim).
 
 The cos/sin table is computed once for all positions up to max_position in float32, and one
 table serves every layer of a model: the model gathers the batch's rows once per forward
@@ -54,9 +55,16 @@ def _yarn_inv_freq(
     pos_freqs = base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
     inv_freq = (1 / (s.factor * pos_freqs)) * (1 - extrapolation) + (1 / pos_freqs) * extrapolation
     attn_factor = s.attention_factor
+    if attn_factor is None and s.mscale and s.mscale_all_dim:  # DeepSeek's pair (often 1)
+        attn_factor = yarn_mscale(s.factor, s.mscale) / yarn_mscale(s.factor, s.mscale_all_dim)
     if attn_factor is None:
-        attn_factor = 0.1 * math.log(s.factor) + 1.0 if s.factor > 1 else 1.0
+        attn_factor = yarn_mscale(s.factor)
     return inv_freq, float(attn_factor)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction for a context stretched `factor` times."""
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
 def compute_inv_freq(
@@ -70,7 +78,7 @@ def compute_inv_freq(
         return _base_inv_freq(head_dim, base) / scaling.factor, 1.0
     if kind == "llama3":
         return _llama3_inv_freq(_base_inv_freq(head_dim, base), scaling, max_pos), 1.0
-    if kind == "yarn":
+    if kind in ("yarn", "deepseek_yarn"):  # SGLang's name for DeepSeek's yarn
         return _yarn_inv_freq(head_dim, base, scaling, max_pos)
     raise ValueError(
         f"rope_scaling.rope_type {kind!r} is not supported (default, linear, llama3, yarn)"
@@ -99,6 +107,22 @@ def apply_rotary(
     if fused is not None and fused.rotary_(q, k, cos, sin):
         return q, k
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def apply_rotary_interleaved(
+    q: torch.Tensor, k: torch.Tensor, rope: RotaryCosSin
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPT-J style (DeepSeek's MLA): the pairs (x0, x1), (x2, x3)… each rotate by one
+    frequency, and stay interleaved in the output. The tables hold each frequency twice
+    (NeoX layout), so their first half is one angle per pair. q: [T, Hq, D], k: [T, Hk, D]."""
+    half = rope.cos.shape[-1] // 2
+    cos, sin = rope.cos[..., :half], rope.sin[..., :half]
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2)
+
+    return rotate(q), rotate(k)
 
 
 class RotaryEmbedding(nn.Module):

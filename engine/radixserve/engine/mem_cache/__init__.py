@@ -6,11 +6,16 @@ from radixserve.engine.mem_cache.allocator import (
     TokenToKVPoolAllocator,
     create_allocator,
 )
-from radixserve.engine.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from radixserve.engine.mem_cache.memory_pool import (
+    MHATokenToKVPool,
+    MLATokenToKVPool,
+    ReqToTokenPool,
+)
 
 __all__ = [
     "BaseTokenAllocator",
     "MHATokenToKVPool",
+    "MLATokenToKVPool",
     "PagedTokenToKVPoolAllocator",
     "ReqToTokenPool",
     "TokenToKVPoolAllocator",

@@ -1,4 +1,5 @@
-"""ReqToTokenPool (request row × position → KV slot) and MHATokenToKVPool (per-layer K/V).
+"""ReqToTokenPool (request row × position → KV slot), MHATokenToKVPool (per-layer K/V) and
+MLATokenToKVPool (per-layer latent rows, DeepSeek's MLA).
 
 Slot 0 of the KV pool is never handed out: padded entries (CUDA-graph padding, idle ranks)
 write there harmlessly. Pools are plain tensors owned by the ModelRunner of one rank.
@@ -92,3 +93,58 @@ class MHATokenToKVPool:
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_buffer[layer_id], self.v_buffer[layer_id]
+
+    def bytes_per_token(self) -> int:
+        """What one token's KV costs in this pool, all layers together (measured on the
+        buffers, not recomputed from the config)."""
+        k, v = self.k_buffer[0], self.v_buffer[0]
+        per_layer = k[0].numel() * k.element_size() + v[0].numel() * v.element_size()
+        return per_layer * len(self.k_buffer)
+
+
+class MLATokenToKVPool(MHATokenToKVPool):
+    """DeepSeek's latent cache: one row per token per layer, [size + page_size, 1, kv_lora_rank
+    + qk_rope_head_dim] (the normalised kv_a, then the roped k_pe). Absorbed MLA attends it as
+    one KV head: the whole row is the key, its first kv_lora_rank values are the value, so
+    `v_buffer[i]` is a view of `k_buffer[i]` and storing a row writes the key only. Every
+    query head of every attention-TP rank reads the same rows (TP replicates the pool; DP
+    attention splits the tokens instead)."""
+
+    def __init__(  # noqa: PLR0913 - the shape of a KV pool has this many independent facts
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        num_layers: int,
+        device: torch.device,
+    ) -> None:
+        self.size = size
+        self.page_size = page_size
+        self.dtype = dtype
+        self.device = device
+        self.kv_lora_rank = kv_lora_rank
+        shape = (size + page_size, 1, kv_lora_rank + qk_rope_head_dim)
+        self.k_buffer = [_kv_buffer(shape, dtype, device, page_size) for _ in range(num_layers)]
+        self.v_buffer = [k[..., :kv_lora_rank] for k in self.k_buffer]
+
+    @staticmethod
+    def latent_cell_size_bytes(
+        kv_lora_rank: int, qk_rope_head_dim: int, num_layers: int, dtype: torch.dtype
+    ) -> int:
+        """Bytes of the latent rows of one token across all layers."""
+        elem = torch.tensor([], dtype=dtype).element_size()
+        return (kv_lora_rank + qk_rope_head_dim) * num_layers * elem
+
+    def set_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """loc: [T] slots; k: [T, 1, kv_lora_rank + rope] latent rows (v, their first
+        kv_lora_rank columns, is already in them)."""
+        self.k_buffer[layer_id][loc] = k.to(self.dtype)
+
+    def bytes_per_token(self) -> int:
+        """The latent row's bytes, all layers (the value views add none)."""
+        k = self.k_buffer[0]
+        return k[0].numel() * k.element_size() * len(self.k_buffer)

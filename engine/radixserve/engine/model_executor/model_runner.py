@@ -35,7 +35,12 @@ from radixserve.engine.layers.parallel_linear import (
 )
 from radixserve.engine.layers.rotary_embedding import RotaryEmbedding
 from radixserve.engine.layers.vocab_parallel import ParallelLMHead
-from radixserve.engine.mem_cache import MHATokenToKVPool, ReqToTokenPool, create_allocator
+from radixserve.engine.mem_cache import (
+    MHATokenToKVPool,
+    MLATokenToKVPool,
+    ReqToTokenPool,
+    create_allocator,
+)
 from radixserve.engine.model_executor.cuda_graph_runner import (
     DEFAULT_MAX_BS as DEFAULT_GRAPH_MAX_BS,
 )
@@ -75,14 +80,29 @@ def available_memory_bytes(device: torch.device) -> int:
     raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
 
 
+# Attention backends that take MLA's latent rows (values narrower than keys)
+MLA_BACKENDS = ("grouped", "grouped_pytorch", "torch", "torch_native")
+
+
+def kv_cell_bytes(config: ModelConfig, num_kv_heads: int | None = None) -> int:
+    """Bytes one token's KV takes, all layers: K and V of `num_kv_heads` heads (default: all
+    of the model's), or MLA's one latent row per layer."""
+    if config.mla is not None:
+        m = config.mla
+        return MLATokenToKVPool.latent_cell_size_bytes(
+            m.kv_lora_rank, m.qk_rope_head_dim, config.num_hidden_layers, config.dtype
+        )
+    heads = num_kv_heads or config.num_key_value_heads
+    return MHATokenToKVPool.cell_size_bytes(
+        heads, config.head_dim, config.num_hidden_layers, config.dtype
+    )
+
+
 def compute_pool_sizes(
     args: ServerArgs, config: ModelConfig, device: torch.device, num_kv_heads: int | None = None
 ) -> PoolSizes:
     """Pool sizes for `num_kv_heads` KV heads per token (default: all of the model's)."""
-    heads = num_kv_heads or config.num_key_value_heads
-    cell = MHATokenToKVPool.cell_size_bytes(
-        heads, config.head_dim, config.num_hidden_layers, config.dtype
-    )
+    cell = kv_cell_bytes(config, num_kv_heads)
     if args.max_total_tokens is not None:
         tokens, source = args.max_total_tokens, "max_total_tokens"
     else:
@@ -161,6 +181,20 @@ def _require_row_invariant(model: nn.Module) -> None:
         )
 
 
+def cast_model(model: nn.Module, dtype: torch.dtype) -> None:
+    """model.to(dtype), except the tensors of modules that stay float32 (`keep_float32`:
+    DeepSeek's router, whose checkpoint weights are float32)."""
+    for module in model.modules():
+        if getattr(module, "keep_float32", False):
+            continue
+        for p in module.parameters(recurse=False):
+            if p.is_floating_point():
+                p.data = p.data.to(dtype)
+        for name, buf in module.named_buffers(recurse=False):
+            if buf.is_floating_point():
+                setattr(module, name, buf.to(dtype))
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -177,9 +211,11 @@ class ModelRunner:
         self._attach_fused_ops()
         self._prepack_cpu_weights()
         c = self.model_config
-        self.num_local_kv_heads = kv_head_layout(
-            c.num_key_value_heads, self.groups.attn_tp
-        ).num_local_heads
+        self.num_local_kv_heads = (
+            1  # MLA: one latent row per token, read by every head
+            if c.mla is not None
+            else kv_head_layout(c.num_key_value_heads, self.groups.attn_tp).num_local_heads
+        )
         sizes = compute_pool_sizes(args, c, self.device, self.num_local_kv_heads)
         # Every rank schedules the same batches: all must hold the same number of tokens.
         tokens = self.groups.cpu.min_int(sizes.max_total_tokens)
@@ -188,15 +224,7 @@ class ModelRunner:
         self.req_to_token_pool = ReqToTokenPool(
             self.sizes.max_num_reqs, c.context_len + 4, self.device
         )
-        self.token_to_kv_pool = MHATokenToKVPool(
-            self.sizes.max_total_tokens,
-            args.page_size,
-            c.dtype,
-            self.num_local_kv_heads,
-            c.head_dim,
-            c.num_hidden_layers,
-            self.device,
-        )
+        self.token_to_kv_pool = self._create_pool()
         self.allocator = create_allocator(self.sizes.max_total_tokens, args.page_size, self.device)
         self.attn_backend = self._create_backend()
         self.graph_runner = self._maybe_capture_graphs()
@@ -208,6 +236,19 @@ class ModelRunner:
             c.dtype,
             self.sizes.source,
         )
+
+    def _create_pool(self) -> MHATokenToKVPool:
+        c, size, page = self.model_config, self.sizes.max_total_tokens, self.args.page_size
+        if c.mla is not None:
+            m = c.mla
+            return MLATokenToKVPool(
+                size, page, c.dtype, m.kv_lora_rank, m.qk_rope_head_dim, c.num_hidden_layers,
+                self.device,
+            )  # fmt: skip
+        return MHATokenToKVPool(
+            size, page, c.dtype, self.num_local_kv_heads, c.head_dim, c.num_hidden_layers,
+            self.device,
+        )  # fmt: skip
 
     def _attach_fused_ops(self) -> None:
         """Hand every norm, activation and rotary module (and FusedMoE) the fused ops of its
@@ -248,10 +289,19 @@ class ModelRunner:
     def _create_backend(self) -> AttentionBackend:
         c, name = self.model_config, self.args.resolved_attention_backend
         heads = c.num_attention_heads // self.groups.attn_tp.size
+        head_dim, v_head_dim = c.head_dim, c.head_dim
+        if c.mla is not None:
+            if name not in MLA_BACKENDS:
+                raise ValueError(
+                    f"attention_backend={name}: {c.architecture} (MLA) runs on "
+                    f"{', '.join(MLA_BACKENDS)}"
+                )
+            head_dim, v_head_dim = c.mla.latent_dim, c.mla.kv_lora_rank
         spec = AttentionSpec(
-            heads, self.num_local_kv_heads, c.head_dim, c.dtype, self.device,
+            heads, self.num_local_kv_heads, head_dim, c.dtype, self.device,
             self.sizes.max_num_reqs, c.context_len + 4, self.args.page_size,
-            self.args.enable_deterministic_inference,
+            self.args.enable_deterministic_inference, not self.args.disable_tiled_extend,
+            v_head_dim,
         )  # fmt: skip
         logger.info("attention_backend=%s (requested %s)", name, self.args.attention_backend)
         return create_attention_backend(name, spec)
@@ -288,7 +338,7 @@ class ModelRunner:
         if self.groups.world.rank == 0:  # one bar per replica
             weights = iter_progress(weights, "loading weights", "tensor")
         model.load_weights(weights)
-        model.to(dtype=files.config.dtype)
+        cast_model(model, files.config.dtype)
         # Rotary tables stay float32 whatever the model dtype: they are cast per use.
         for name, buf in model.named_buffers():
             if "cos_cached" in name or "sin_cached" in name:

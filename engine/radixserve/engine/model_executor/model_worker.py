@@ -9,6 +9,7 @@ ForwardBatch that carries them.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,10 @@ class GenerationBatch:
     forward_batch: ForwardBatch
     sampling_info: SamplingBatchInfo
     top_logprobs_nums: list[int] | None  # per row; None when no row asks for any
+    # Constrained rows: the grammar's token bitmask ([B, ceil(V/32)] int32, CPU), known only
+    # once the previous batch's tokens advanced the grammars. Under overlap the scheduler
+    # thread sets it while this batch's forward runs (SGLang's delayed sampling).
+    vocab_mask: Future[torch.Tensor | None] | None = None
 
 
 class ModelWorker:
@@ -47,7 +52,10 @@ class ModelWorker:
         if input_ids is not None:
             fb = replace(fb, input_ids=input_ids)
         logits = self.runner.forward(fb).next_token_logits
-        out = self.sampler.sample(logits, batch.sampling_info, batch.top_logprobs_nums)
+        info = batch.sampling_info
+        if batch.vocab_mask is not None:  # the forward ran; now the grammars must be known
+            info = replace(info, vocab_mask=batch.vocab_mask.result())
+        out = self.sampler.sample(logits, info, batch.top_logprobs_nums)
         self.runner.sync_sampled(out.next_token_ids)
         return out
 

@@ -104,6 +104,9 @@ class LlamaMLP(nn.Module):
 
 # Builds decoder layer i's MLP: dense here; MoE models return their expert block on sparse layers.
 MlpFactory = Callable[[ModelConfig, int, GroupHandle], nn.Module]
+# Builds decoder layer i's attention over the attention-TP group: a module called as
+# (rope, hidden, forward_batch) → hidden (LlamaAttention here; DeepSeek's MLA).
+AttnFactory = Callable[[ModelConfig, int, GroupHandle], nn.Module]
 
 
 def dense_mlp(config: ModelConfig, layer_id: int, tp: GroupHandle) -> nn.Module:
@@ -117,10 +120,11 @@ class LlamaDecoderLayer(nn.Module):
         layer_id: int,
         groups: ParallelGroups | None = None,
         make_mlp: MlpFactory = dense_mlp,
+        make_attn: AttnFactory = LlamaAttention,
     ) -> None:
         super().__init__()
         self.groups = groups or ParallelGroups.single()
-        self.self_attn = LlamaAttention(config, layer_id, self.groups.attn_tp)
+        self.self_attn = make_attn(config, layer_id, self.groups.attn_tp)
         self.mlp = make_mlp(config, layer_id, self.groups.tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -150,6 +154,7 @@ class LlamaModel(nn.Module):
         config: ModelConfig,
         groups: ParallelGroups | None = None,
         make_mlp: MlpFactory = dense_mlp,
+        make_attn: AttnFactory = LlamaAttention,
     ) -> None:
         super().__init__()
         groups = groups or ParallelGroups.single()
@@ -158,7 +163,8 @@ class LlamaModel(nn.Module):
             config.vocab_size, config.hidden_size, groups.attn_tp
         )
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, groups, make_mlp) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, i, groups, make_mlp, make_attn)
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         c = config
@@ -187,12 +193,16 @@ class LlamaForCausalLM(CausalLM):
         super().__init__()
         self.config = config
         groups = groups or ParallelGroups.single()
-        self.model = LlamaModel(config, groups, self.mlp_factory(groups))
+        self.model = LlamaModel(config, groups, self.mlp_factory(groups), self.attn_factory())
         tie = self.model.embed_tokens if config.tie_word_embeddings else None
         # Under DP attention each DP rank samples its own requests: the LM head is split over
         # its attention-TP group, as the embedding (without DP attention that is the TP group).
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, groups.attn_tp, tie)
         self.logits_processor = LogitsProcessor()
+
+    def attn_factory(self) -> AttnFactory:
+        """What builds each decoder layer's attention (DeepSeek: MLA)."""
+        return LlamaAttention
 
     def mlp_factory(self, groups: ParallelGroups) -> MlpFactory:
         """What builds each decoder layer's MLP (MoE architectures add their EP layout)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from radixserve.engine.models.base import CausalLM
+from radixserve.engine.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from radixserve.engine.models.llama import LlamaForCausalLM
 from radixserve.engine.models.mixtral import MixtralForCausalLM
 from radixserve.engine.models.qwen2 import Qwen2ForCausalLM
@@ -11,6 +12,8 @@ from radixserve.engine.models.qwen3 import Qwen3ForCausalLM
 from radixserve.engine.models.qwen3_moe import Qwen3MoeForCausalLM
 
 _MODELS: dict[str, type[CausalLM]] = {
+    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,

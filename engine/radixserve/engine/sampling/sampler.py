@@ -57,7 +57,8 @@ class Sampler:
         if info.is_all_greedy:
             next_ids = processed.argmax(dim=-1)
         else:
-            next_ids = _sample_rows(_filtered_probs(processed, info), processed, info)
+            probs, ids = _filtered(processed, info)
+            next_ids = _sample_rows(probs, ids, processed, info)
         chosen = raw_logprobs.gather(1, next_ids.unsqueeze(1)).squeeze(1)
         return SampleOutput(
             next_token_ids=next_ids,
@@ -82,21 +83,70 @@ def _greedy_fast_path(logits: torch.Tensor) -> SampleOutput:
     return SampleOutput(next_token_ids=next_ids, logprobs=chosen, top_logprobs=None)
 
 
-def _filtered_probs(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-    """Temperature-scaled probabilities with top-k, top-p and min-p applied, renormalised."""
+# Candidates a truncated row is first filtered among: the `topk` of these is a fraction of the
+# vocabulary's full sort (SmolLM2: 49,152 ids, sorted per row per step took most of a sampled
+# step on CPU). Rows whose kept set might reach past them fall back to the full sort.
+CANDIDATES = 1024
+
+
+def _filtered(
+    logits: torch.Tensor, info: SamplingBatchInfo
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Temperature-scaled probabilities with top-k, top-p and min-p applied (unnormalised: the
+    draw scales by each row's total), as [B, V] in vocabulary order (ids None), or over each
+    row's most likely candidates [B, N] with their vocabulary ids."""
     probs = torch.softmax(logits / info.temperatures, dim=-1)
     if not (info.need_top_k or info.need_top_p or info.need_min_p):
-        return probs
+        return probs, None
+    found = _filtered_candidates(probs, info)
+    return found if found is not None else (_filtered_probs(probs, info), None)
+
+
+def _filtered_candidates(
+    probs: torch.Tensor, info: SamplingBatchInfo
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The filters over each row's `CANDIDATES` most likely ids (more where a row's top-k asks
+    for more), or None where a sampled row keeps its last candidate: its kept set may go on past
+    them, so only the full sort decides it. Top-p's mass is the whole vocabulary's for rows
+    without top-k (the candidates hold only part of it), as the full sort measures it."""
+    vocab = probs.shape[1]
+    sampled = ~torch.tensor(info.greedy_rows, device=probs.device)
+    asked = info.top_ks[sampled & (info.top_ks < vocab)]
+    k = max(CANDIDATES, int(asked.max()) if asked.numel() else 0)
+    if k >= vocab:
+        return None
+    cand, ids = probs.topk(k, dim=-1)
+    mass = torch.where(
+        info.top_ks < vocab,
+        cand.masked_fill(
+            torch.arange(k, device=probs.device)[None, :] >= info.top_ks[:, None], 0.0
+        ).sum(dim=-1),
+        probs.sum(dim=-1),
+    )
+    keep = _keep_sorted(cand, info, mass)
+    if bool((keep[:, -1] & sampled).any()):
+        return None
+    # Draw in vocabulary order, as the full sort's path does: a seeded row then picks the same
+    # id whichever path its batch mates send the batch down (n samples, or a re-run whose
+    # neighbours differ, stay reproducible).
+    ids, order = ids.sort(dim=-1)
+    return cand.masked_fill(~keep, 0.0).gather(1, order), ids
+
+
+def _filtered_probs(probs: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    """The filters over the whole vocabulary's sort: [B, V] in vocabulary order."""
     sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
     keep = _keep_sorted(sorted_probs, info)
     # Scatter the kept flags back to vocabulary order so every row samples the same way.
     keep_vocab = torch.zeros_like(keep).scatter_(1, sorted_ids, keep)
-    probs = probs.masked_fill(~keep_vocab, 0.0)
-    return probs / probs.sum(dim=-1, keepdim=True)
+    return probs.masked_fill(~keep_vocab, 0.0)
 
 
-def _keep_sorted(sorted_probs: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-    """Which positions of descending-sorted probs [B, V] survive the three filters.
+def _keep_sorted(
+    sorted_probs: torch.Tensor, info: SamplingBatchInfo, mass: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Which positions of descending-sorted probs [B, N] survive the three filters; `mass`:
+    each row's probability within its top-k, where the N positions do not hold all of it.
 
     The filters run in sequence: top-p measures mass within what top-k kept (as HF and vLLM do),
     and the first (most likely) position always survives all three.
@@ -106,25 +156,41 @@ def _keep_sorted(sorted_probs: torch.Tensor, info: SamplingBatchInfo) -> torch.T
     if info.need_top_p:
         kept = sorted_probs * keep
         mass_before = kept.cumsum(dim=-1) - kept
-        budget = info.top_ps.unsqueeze(1) * kept.sum(dim=-1, keepdim=True)
+        total = kept.sum(dim=-1) if mass is None else mass
+        budget = info.top_ps.unsqueeze(1) * total.unsqueeze(1)
         # Rows with top_p == 1 are exempt: rounding in the cumsum must not clip their tail.
         within = (mass_before < budget) | (info.top_ps >= 1.0).unsqueeze(1)
         keep &= within
     if info.need_min_p:
         floor = info.min_ps.unsqueeze(1) * sorted_probs[:, :1]
         keep &= sorted_probs >= floor
+    keep[:, 0] = True  # e.g. a top_p that rounds to 0 in float32 must not empty the row
     return keep
 
 
 def _sample_rows(
-    probs: torch.Tensor, logits: torch.Tensor, info: SamplingBatchInfo
+    probs: torch.Tensor, ids: torch.Tensor | None, logits: torch.Tensor, info: SamplingBatchInfo
 ) -> torch.Tensor:
-    """One draw per row, each from that row's generator (torch's default RNG when None)."""
+    """One draw per sampled row from its (unnormalised) `probs`, each from that row's generator
+    (torch's default RNG when None): the inverse of the row's cumulative distribution at one
+    uniform number. torch.multinomial draws as many random numbers as the row has entries
+    (~3 ms a row over SmolLM2's vocabulary on CPU); one is enough for one sample."""
     next_ids = logits.argmax(dim=-1)
+    if all(info.greedy_rows):
+        return next_ids
+    cdf = probs.cumsum(dim=-1)
     for i, greedy in enumerate(info.greedy_rows):
-        if not greedy:
-            draw = torch.multinomial(probs[i], 1, generator=info.generators[i])
-            next_ids[i] = draw[0]
+        if greedy:
+            continue
+        row = cdf[i]
+        total = row[-1:]
+        u = torch.rand(1, generator=info.generators[i], device=row.device, dtype=row.dtype)
+        if not bool(torch.isfinite(total).all() and (total > 0).all()):
+            continue  # nothing left to draw from (a degenerate row): its argmax, never a crash
+        at = torch.searchsorted(row, u * total, right=True)
+        # u * total may round up to the total: stay on the last id with probability > 0.
+        at = torch.minimum(at, torch.searchsorted(row, total)).clamp_(max=row.numel() - 1)
+        next_ids[i] = at[0] if ids is None else ids[i, at[0]]
     return next_ids
 
 

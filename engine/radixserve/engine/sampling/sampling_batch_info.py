@@ -2,8 +2,9 @@
 
 Owns `SamplingRow` (what the scheduler knows about one running request at sampling time) and
 `SamplingBatchInfo`, which turns a list of rows into device tensors once per step and applies the
-logits processors (logit bias, repetition / frequency / presence penalties, min-new-tokens) to a
-[B, V] logits tensor. Choosing tokens from the processed logits is `sampler`'s job.
+logits processors (logit bias, repetition / frequency / presence penalties, min-new-tokens, the
+grammar's token bitmask) to a [B, V] logits tensor. Choosing tokens from the processed logits
+is `sampler`'s job.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from .sampling_params import SamplingParams
+from .vocab_mask import apply_vocab_mask
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,9 @@ class SamplingBatchInfo:
     min_tokens_mask: torch.Tensor | None  # bool, stop ids of rows still under min_new_tokens
     logit_bias: torch.Tensor | None  # float32
     generators: list[torch.Generator | None]
+    # Constrained decoding: [B, ceil(V/32)] int32 token bitmask (bit set = allowed; rows
+    # without a grammar all ones), or None. Set by the worker just before sampling.
+    vocab_mask: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -97,15 +102,25 @@ class SamplingBatchInfo:
     @property
     def has_logits_processors(self) -> bool:
         """Whether any row has a bias, penalty or min-new-tokens mask to apply."""
-        masks = (self.logit_bias, self.seen_mask, self.output_counts, self.min_tokens_mask)
+        masks = (
+            self.logit_bias,
+            self.seen_mask,
+            self.output_counts,
+            self.min_tokens_mask,
+            self.vocab_mask,
+        )
         return any(m is not None for m in masks)
 
     def apply_logits_processors(self, logits: torch.Tensor) -> torch.Tensor:
-        """Apply bias, penalties and the min-new-tokens mask to float32 logits [B, V].
+        """Apply bias, penalties, the min-new-tokens mask and the grammar's token bitmask to
+        float32 logits [B, V].
 
         Works in place where it can; callers must use the returned tensor. `ignore_eos` is not
         looked at: the caller leaves EOS out of the stop ids of such rows.
         """
+        # The grammar is the one hard constraint: a row that bias, penalties or min_new_tokens
+        # leave with no token the grammar allows falls back to the grammar alone (below).
+        before = logits.clone() if self.vocab_mask is not None else None
         if self.logit_bias is not None:
             logits.add_(self.logit_bias)
         if self.seen_mask is not None:
@@ -120,6 +135,12 @@ class SamplingBatchInfo:
             logits.sub_(self.presence_penalties.unsqueeze(1) * present)
         if self.min_tokens_mask is not None:
             logits.masked_fill_(self.min_tokens_mask, float("-inf"))
+        if self.vocab_mask is not None:  # last: no bias can bring back a forbidden token
+            apply_vocab_mask(logits, self.vocab_mask)
+            dead = ~torch.isfinite(logits).any(dim=-1)
+            if before is not None and bool(dead.any()):
+                apply_vocab_mask(before, self.vocab_mask)
+                logits = torch.where(dead.unsqueeze(1), before, logits)
         return logits
 
 

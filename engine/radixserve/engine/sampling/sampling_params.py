@@ -52,6 +52,13 @@ class SamplingParams:
     n: Annotated[int, msgspec.Meta(ge=1)] = 1
     sampling_seed: int | None = None  # None: a fresh random generator; an int reproduces exactly
     logit_bias: dict[TokenId, float] | None = None
+    # Constrained decoding (at most one): a JSON schema as JSON text, a regular expression, an
+    # EBNF grammar (GBNF-style, xgrammar's dialect), an xgrammar structural tag as JSON text.
+    # Their syntax is checked at the edge by `constrained.check_grammar`.
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> SamplingParams:
@@ -77,6 +84,11 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         """Whether the argmax is always taken (true before and after `normalize`)."""
         return self.top_k == 1 or self.temperature < _GREEDY_TEMPERATURE
+
+    @property
+    def has_grammar(self) -> bool:
+        """Whether the output is constrained (json_schema, regex, ebnf or structural_tag)."""
+        return any(getattr(self, g) is not None for g in GRAMMAR_FIELDS)
 
     @property
     def stop_strs(self) -> list[str]:
@@ -122,12 +134,16 @@ class SamplingParams:
             _fail("min_new_tokens", rule, self.min_new_tokens)
         if any(s == "" for s in self.stop_strs):
             raise ValueError("stop: stop strings must be non-empty")
+        grammars = [g for g in GRAMMAR_FIELDS if getattr(self, g) is not None]
+        if len(grammars) > 1:
+            raise ValueError(f"{grammars[1]}: only one of {', '.join(grammars)} may be set")
         for bias in (self.logit_bias or {}).values():
             if math.isnan(bias):
                 _fail("logit_bias", "a number", bias)
 
 
 _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 _FIELD_PATH = re.compile(r"`\$\.(\w+)`")
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from radixserve.engine.sampling import SampleOutput
+from radixserve.engine.scheduler.grammar_queue import PendingMask
 from radixserve.engine.scheduler.req import Req
 from radixserve.engine.scheduler.schedule_batch import ScheduleBatch
 
@@ -72,6 +73,7 @@ class InflightBatch:
     samples: list[bool]  # False: a chunk that is not the request's last (no token)
     retractions: list[int]  # retraction counts at launch: a retracted request's token is void
     result: Future[SampleOutput] = field(default_factory=Future)
+    vocab_mask: PendingMask | None = None  # constrained rows: the bitmask the sampler awaits
 
 
 class ForwardWorker:

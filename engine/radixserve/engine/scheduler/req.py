@@ -13,8 +13,14 @@ from typing import Any
 
 import torch
 
-from radixserve.engine.ipc.finish_reason import FinishLength, FinishMatchedToken, FinishReason
-from radixserve.engine.ipc.messages import DetokenizeParams
+from radixserve.engine.constrained import BaseGrammarObject, GrammarKey
+from radixserve.engine.ipc.finish_reason import (
+    FinishAbort,
+    FinishLength,
+    FinishMatchedToken,
+    FinishReason,
+)
+from radixserve.engine.ipc.messages import Bootstrap, DetokenizeParams
 from radixserve.engine.sampling import SamplingParams, SamplingRow
 
 
@@ -40,6 +46,12 @@ class Req:
     queue_time: float | None = None  # arrival → first admission into a prefill batch (s)
     stream: bool = False  # send each step's new ids (else only when finished)
     detokenize: DetokenizeParams = DetokenizeParams()  # carried to the detokenizer, unread
+    bootstrap: Bootstrap | None = None  # prefill/decode disaggregation: its peer and room
+    # constrained decoding: what the output must match, and this request's place in it (set
+    # once the grammar compiled; it has accepted every id in output_ids)
+    grammar_key: GrammarKey | None = None
+    grammar: BaseGrammarObject | None = None
+    require_reasoning: bool = False  # the grammar starts after the reasoning's end marker
 
     send_offset: int = 0  # output ids already sent to the detokenizer
     # overlap: tokens sampled by launched batches but not yet appended to output_ids
@@ -105,5 +117,20 @@ class Req:
             self.finished_reason = FinishLength(params.max_new_tokens)
             return
         last = self.output_ids[-1]
-        if not params.ignore_eos and last in self.stop.stop_token_ids:
+        stopped = not params.ignore_eos and last in self.stop.stop_token_ids
+        if stopped or (self.grammar is not None and self.grammar.is_terminated()):
             self.finished_reason = FinishMatchedToken(last)
+
+    def accept_grammar_token(self, token_id: int, vocab_size: int) -> None:
+        """Advance the grammar past the newly appended `token_id`. A grammar that allowed no
+        token of the vocabulary (the sampler then had nothing to pick from) ends the request
+        with a 400 naming its field: the request asked for text this model cannot write. Any
+        other forbidden token means the mask was bypassed: a 500."""
+        if self.grammar is None or self.grammar.accept_token(token_id):
+            return
+        if self.grammar.allows_no_token(vocab_size):
+            field = self.grammar_key.field if self.grammar_key is not None else "grammar"
+            why = f"{field}: no token of the model's vocabulary can continue the grammar"
+            self.to_finish = FinishAbort(f"{why} after {len(self.output_ids) - 1} tokens", 400)
+        else:
+            self.to_finish = FinishAbort(f"token {token_id} violates the request's grammar", 500)

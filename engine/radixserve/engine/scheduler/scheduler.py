@@ -12,9 +12,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from concurrent.futures import Future
 from functools import partial
 
 from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.constrained import BaseGrammarBackend
 from radixserve.engine.forward_batch import DpAttentionMeta, ForwardMode
 from radixserve.engine.ipc.finish_reason import FinishAbort, FinishReason
 from radixserve.engine.ipc.messages import LoadOutput, StateOutput
@@ -24,7 +26,11 @@ from radixserve.engine.mem_cache.radix_cache import RadixCache
 from radixserve.engine.model_executor.model_runner import ModelRunner
 from radixserve.engine.model_executor.model_worker import GenerationBatch, ModelWorker
 from radixserve.engine.sampling import SamplingBatchInfo
+from radixserve.engine.scheduler.disagg import make_disagg
+from radixserve.engine.scheduler.disagg_decode import DecodeDisagg
+from radixserve.engine.scheduler.disagg_prefill import PrefillDisagg
 from radixserve.engine.scheduler.dp_attention_sync import DpAttentionSync
+from radixserve.engine.scheduler.grammar_queue import GRAMMAR_POLL_S, GrammarQueue, PendingMask
 from radixserve.engine.scheduler.overlap import ForwardWorker, FutureMap, InflightBatch
 from radixserve.engine.scheduler.prefill_adder import AddReqResult, PrefillAdder, PrefillBudget
 from radixserve.engine.scheduler.prefix_match import StepPrefixMatches, WaitingPins
@@ -36,10 +42,16 @@ from radixserve.engine.scheduler.schedule_policy import SchedulePolicy
 logger = logging.getLogger(__name__)
 
 ABORTED = FinishAbort("aborted by request", 400)
+PD_POLL_MS = 2  # PD rooms waiting on their peer: how often their sockets are read
 
 
 class Scheduler:
-    def __init__(self, args: ServerArgs, runner: ModelRunner) -> None:
+    def __init__(
+        self,
+        args: ServerArgs,
+        runner: ModelRunner,
+        grammar_backend: BaseGrammarBackend | None = None,
+    ) -> None:
         self.args = args
         self.runner = runner
         tree_cache = self._make_tree_cache(args, runner)
@@ -68,10 +80,19 @@ class Scheduler:
         self.overlap_thread = ForwardWorker(self.future_map) if args.overlap_schedule else None
         # DP attention: every step agrees token counts with the other DP ranks (collective)
         self.dp_sync = DpAttentionSync(runner.groups) if runner.groups.dp_attention else None
+        # --disaggregation-mode prefill / decode: the queues around this scheduler
+        self.pd: PrefillDisagg | DecodeDisagg | None = make_disagg(self, args, runner)
+        # constrained requests wait here until their grammar compiled
+        self.grammars = GrammarQueue(grammar_backend, runner.groups.attn_cpu)
 
     @staticmethod
     def _make_tree_cache(args: ServerArgs, runner: ModelRunner) -> BasePrefixCache:
-        if args.disable_radix_cache:
+        # SGLang's decode keeps no radix cache unless asked (the prefill caches prompts)
+        decode_without_tree = (
+            args.disaggregation_mode == "decode"
+            and not args.disaggregation_decode_enable_radix_cache
+        )
+        if args.disable_radix_cache or decode_without_tree:
             return ChunkCache(runner.req_to_token_pool, runner.allocator)
         return RadixCache(
             runner.req_to_token_pool,
@@ -106,9 +127,18 @@ class Scheduler:
         params = req.sampling_params
         params.max_new_tokens = min(params.max_new_tokens, self.max_req_len - n - 1)
         req.arrival_time = req.arrival_time or time.monotonic()
+        if self.pd is not None and req.bootstrap is not None:
+            self.pd.add(req)  # its peer first: a bootstrap (prefill) or pre-allocation queue
+            return
+        if self.grammars.admit(req) or req.finished():
+            return  # its grammar compiles (it joins the queue later), or it cannot
         self.waiting_queue.append(req)
 
     def has_work(self) -> bool:
+        """Requests here in any state, PD rooms included."""
+        return self._has_compute() or (self.pd is not None and self.pd.pending())
+
+    def _has_compute(self) -> bool:
         last = self.last_batch
         # Requests of the last prefill join the running batch only in the next step.
         pending_merge = (
@@ -117,7 +147,11 @@ class Scheduler:
             and any(not r.finished() for r in last.reqs)
         )
         return bool(
-            self.waiting_queue or self.running_batch.reqs or self.chunked_req or pending_merge
+            self.waiting_queue
+            or self.running_batch.reqs
+            or self.chunked_req
+            or pending_merge
+            or self.grammars.waiting
         )
 
     def needs_step(self) -> bool:
@@ -127,7 +161,14 @@ class Scheduler:
 
     def may_idle(self) -> bool:
         """Whether the loop may block waiting for input (no work here, nor on any DP rank)."""
-        return not self.has_work() and not (self.dp_sync is not None and self.dp_sync.busy)
+        return not self._has_compute() and not (self.dp_sync is not None and self.dp_sync.busy)
+
+    def idle_poll_ms(self, idle_ms: int) -> int:
+        """How long the loop may block on its input: `idle_ms` when idle, a little while PD
+        rooms wait on their peer (they are polled each step), nothing with work to compute."""
+        if not self.may_idle():
+            return 0
+        return PD_POLL_MS if self.pd is not None and self.pd.pending() else idle_ms
 
     # ---- batch selection -------------------------------------------------------------------
 
@@ -217,6 +258,8 @@ class Scheduler:
         """Drop the whole prefix cache; only allowed when nothing is running or queued."""
         if self.has_work():
             return False
+        if self.grammars.backend is not None:
+            self.grammars.backend.reset()
         self.tree_cache.reset()
         self.kv.allocator.clear()
         self.kv.req_to_token_pool.clear()
@@ -256,7 +299,8 @@ class Scheduler:
         Without overlap a batch is launched and processed in the same round. With overlap
         the result of batch N is processed after batch N+1 was launched, except between
         two prefills (the second should see the first's prefixes in the cache)."""
-        updated: list[Req] = []
+        updated: list[Req] = self.pd.poll() if self.pd is not None else []
+        updated += self._admit_compiled()
         last = self.inflight[-1] if self.inflight else None
         if last is not None and self.waiting_queue and last.batch.forward_mode.is_extend_like():
             updated += self._process_oldest()
@@ -268,13 +312,28 @@ class Scheduler:
             self.inflight.append(self._launch(batch, dp_meta))
         elif dp_meta is not None:
             self._run_idle(dp_meta)
-        while self.inflight and (
-            self.overlap_thread is None or len(self.inflight) > 1 or batch is None
-        ):
-            updated += self._process_oldest()
+        try:
+            while self.inflight and (
+                self.overlap_thread is None or len(self.inflight) > 1 or batch is None
+            ):
+                updated += self._process_oldest()
+        finally:  # overlap: the newest batch's grammars have seen every earlier token now
+            for rec in self.inflight:
+                if rec.vocab_mask is not None:
+                    rec.vocab_mask.fill()
         if batch is None and not self.inflight:
             self.ratio.reset()
         return updated
+
+    def _admit_compiled(self) -> list[Req]:
+        """Constrained requests whose grammar is ready join the waiting queue; those whose
+        grammar failed are returned, finished. An otherwise idle round waits a little."""
+        idle = not (
+            self.waiting_queue or self.running_batch.reqs or self.chunked_req or self.inflight
+        )
+        done = self.grammars.take_ready(GRAMMAR_POLL_S if idle else 0.0)
+        self.waiting_queue += [r for r in done if not r.finished()]
+        return [r for r in done if r.finished()]
 
     def _run_idle(self, dp_meta: DpAttentionMeta) -> None:
         """DP attention: no batch here but another DP rank has one; join its collectives."""
@@ -292,12 +351,18 @@ class Scheduler:
         rec = InflightBatch(
             batch, list(batch.reqs), samples, [r.retraction_count for r in batch.reqs]
         )
+        grammars = [r.grammar if s else None for r, s in zip(batch.reqs, samples, strict=True)]
+        if any(g is not None for g in grammars):
+            vocab = self.runner.model_config.vocab_size
+            rec.vocab_mask = PendingMask(Future(), grammars, vocab)
+            if self.overlap_thread is None or not self.inflight:
+                rec.vocab_mask.fill()  # every earlier token is processed: fill it now
         slots = self.future_map.alloc(len(batch.reqs))
         for req, slot, sample in zip(batch.reqs, slots, samples, strict=True):
             if sample:
                 req.num_inflight += 1
                 req.pending_token = -slot
-        work = self._generation_batch(batch, dp_meta)
+        work = self._generation_batch(batch, dp_meta, rec.vocab_mask)
         run = partial(self.model_worker.forward_batch_generation, work)
         input_ids = work.forward_batch.input_ids  # decode inputs: placeholders until resolved
         if self.overlap_thread is None:
@@ -309,7 +374,7 @@ class Scheduler:
         return rec
 
     def _generation_batch(
-        self, batch: ScheduleBatch, dp_meta: DpAttentionMeta | None
+        self, batch: ScheduleBatch, dp_meta: DpAttentionMeta | None, mask: PendingMask | None
     ) -> GenerationBatch:
         runner = self.runner
         info = SamplingBatchInfo.build(
@@ -320,6 +385,7 @@ class Scheduler:
             batch.to_forward_batch(runner.device, runner.attn_backend, dp_meta),
             info,
             nums if any(nums) else None,
+            None if mask is None else mask.future,
         )
 
     def _process_oldest(self) -> list[Req]:
@@ -337,11 +403,14 @@ class Scheduler:
             if req.finished():
                 continue  # finished at the previous step; overlap scheduled one extra token
             req.output_ids.append(ids[i])
+            req.accept_grammar_token(ids[i], self.runner.model_config.vocab_size)
             if req.return_logprob:
                 req.output_token_logprobs.append(logprobs[i])
                 if out.top_logprobs is not None:
                     req.output_top_logprobs.append(out.top_logprobs[i])
             req.check_finished()
+            if req.finished() and self._hand_over(req):
+                continue  # prefill: its KV goes to the decode; it finishes on the ack
             if req.finished():
                 self.tree_cache.cache_finished_req(req)
             elif extend and req not in rec.batch.decoding_reqs:
@@ -349,11 +418,22 @@ class Scheduler:
             updated.append(req)
         return updated
 
+    def _hand_over(self, req: Req) -> bool:
+        pd = self.pd
+        if not isinstance(pd, PrefillDisagg) or isinstance(req.finished_reason, FinishAbort):
+            return False
+        return pd.on_prefilled(req)
+
     def close(self) -> None:
         """Stop the forward worker; drop queues and pool references."""
         if self.overlap_thread is not None:
             self.overlap_thread.stop()
             self.overlap_thread = None
+        if self.pd is not None:
+            self.pd.close()
+            self.pd = None
+        if self.grammars.backend is not None:
+            self.grammars.backend.shutdown()
         self.pins.release_all()
         self.waiting_queue.clear()
         self.inflight.clear()
@@ -370,7 +450,8 @@ class Scheduler:
         def hit(req: Req) -> bool:
             return abort_all or req.rid == rid
 
-        aborted = [r for r in self.waiting_queue if hit(r)]
+        aborted = self.grammars.abort(hit, reason)
+        aborted += [r for r in self.waiting_queue if hit(r)]
         self.waiting_queue = [r for r in self.waiting_queue if not hit(r)]
         for req in aborted:
             req.finished_reason = reason
@@ -390,6 +471,8 @@ class Scheduler:
                 req.finished_reason = reason
                 self.tree_cache.cache_finished_req(req)
                 aborted.append(req)
+        if self.pd is not None:  # its queues: bootstrap / pre-allocation / transfer
+            aborted += self.pd.abort(None if abort_all else {rid}, reason)
         return aborted
 
     def num_used_tokens(self) -> int:
@@ -408,6 +491,7 @@ class Scheduler:
             num_used_tokens=used + queued,
             max_total_num_tokens=self.max_total_tokens,
             token_usage=used / self.max_total_tokens,
+            **(self.pd.load_fields() if self.pd is not None else {}),  # type: ignore[arg-type]
         )
 
     def state(self, include_pages: bool = False) -> StateOutput:

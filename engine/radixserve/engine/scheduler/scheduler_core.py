@@ -3,8 +3,9 @@ Scheduler built once, and `make_req` turning a TokenizedGenerateReq into a Req.
 
 Runs in the scheduler process (`scheduler_process.py`) and, in-process, inside the offline
 `EngineCore` (entrypoints), which reuses it. It trusts its input: requests were validated at the
-edge. Per-request sampling generators live on the runner's device. It loads no tokenizer: the
-tokenizer's EOS id comes with each request, and stop strings are the detokenizer's.
+edge. Per-request sampling generators live on the runner's device. It loads the tokenizer only
+for the grammar backend: the tokenizer's EOS id comes with each request, and stop strings are
+the detokenizer's.
 """
 
 from __future__ import annotations
@@ -16,11 +17,18 @@ from typing import Any
 import torch
 
 from radixserve.engine.configs.server_args import ServerArgs, check_tp_layout
+from radixserve.engine.constrained import (
+    THINK_END,
+    BaseGrammarBackend,
+    JsonOptions,
+    create_grammar_backend,
+    grammar_key,
+)
 from radixserve.engine.distributed import ParallelGroups
 from radixserve.engine.ipc.messages import TokenizedGenerateReq
 from radixserve.engine.model_executor.model_runner import ModelRunner
 from radixserve.engine.model_loader import load_model_files, resolve_model
-from radixserve.engine.model_loader.loader import LoadedModelFiles
+from radixserve.engine.model_loader.loader import LoadedModelFiles, load_tokenizer
 from radixserve.engine.model_loader.source import ModelSource
 from radixserve.engine.models.base import CausalLM
 from radixserve.engine.sampling import SamplingParams, make_generator
@@ -46,6 +54,7 @@ class SchedulerCore:
         groups: ParallelGroups | None = None,
     ) -> None:
         self.server_args = args
+        self.tokenizer: Any = None  # loaded for the grammar backend only
         torch.manual_seed(args.random_seed)
         self.source: ModelSource
         self.files: LoadedModelFiles
@@ -61,7 +70,34 @@ class SchedulerCore:
             check_tp_layout(self.files.config, groups.attn_tp.size)
         self.runner = ModelRunner(args, self.files, model, groups)
         self.eos_token_ids = frozenset(self.files.config.eos_token_ids)
-        self.scheduler = Scheduler(args, self.runner)
+        self.scheduler = Scheduler(args, self.runner, self._grammar_backend(args, reuse))
+
+    def _grammar_backend(
+        self, args: ServerArgs, reuse: SchedulerCore | None
+    ) -> BaseGrammarBackend | None:
+        """The --grammar-backend, compiling against the model's tokenizer (loaded here only for
+        it: the scheduler otherwise needs none)."""
+        if args.grammar_backend == "none":
+            return None
+        if reuse is not None and reuse.tokenizer is not None:
+            tokenizer = reuse.tokenizer
+        else:
+            tokenizer = load_tokenizer(self.source)
+        self.tokenizer = tokenizer
+        eos = set(self.eos_token_ids)
+        if tokenizer.eos_token_id is not None:
+            eos.add(tokenizer.eos_token_id)
+        options = JsonOptions(
+            not args.constrained_json_disable_any_whitespace,
+            args.constrained_json_max_whitespace_cnt,
+        )
+        vocab = self.model_config.vocab_size
+        backend = create_grammar_backend(
+            args.grammar_backend, tokenizer, vocab, sorted(eos), options
+        )
+        if backend is not None and args.reasoning_parser is not None:
+            backend.think_end_ids = list(tokenizer.encode(THINK_END, add_special_tokens=False))
+        return backend
 
     def with_args(self, **overrides: Any) -> SchedulerCore:
         """A new core sharing this one's loaded weights, with other scheduling / memory args."""
@@ -87,6 +123,9 @@ class SchedulerCore:
             arrival_time=time.monotonic(),
             stream=msg.stream,
             detokenize=msg.detokenize,
+            bootstrap=msg.bootstrap,
+            grammar_key=grammar_key(params),
+            require_reasoning=msg.require_reasoning,
         )
 
     def context_info(self) -> dict[str, Any]:

@@ -93,7 +93,7 @@ class SchedulerLoop:
     def run(self) -> None:
         """Serve until the process is terminated (the parent stops children by signal)."""
         while True:
-            msgs = self.ch.recv.poll(IDLE_POLL_MS if self.scheduler.may_idle() else 0)
+            msgs = self.ch.recv.poll(self.scheduler.idle_poll_ms(IDLE_POLL_MS))
             for msg in msgs:
                 self.handlers[type(msg)](msg)
             updated = []

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from radixserve.engine.ipc.finish_reason import FinishReason
-from radixserve.engine.ipc.messages import DetokenizeParams, TokenizedGenerateReq
+from radixserve.engine.ipc.messages import Bootstrap, DetokenizeParams, TokenizedGenerateReq
 from radixserve.engine.sampling import SamplingParams
 
 
@@ -33,6 +33,8 @@ class GenerateInput:
     top_logprobs_num: int = 0
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     data_parallel_rank: int | None = None  # pinned DP rank (validated at the edge)
+    bootstrap: Bootstrap | None = None  # prefill/decode disaggregation (validated at the edge)
+    require_reasoning: bool = False  # a grammar applies only after the reasoning's end
 
     def tokenized(self, eos_token_id: int | None) -> TokenizedGenerateReq:
         """The scheduler's message for this input (`eos_token_id`: the tokenizer's)."""
@@ -48,8 +50,10 @@ class GenerateInput:
             # The detokenizer finds stop strings in the text, so it needs every step's ids.
             stream=self.stream or bool(stop_strs),
             data_parallel_rank=self.data_parallel_rank,
+            require_reasoning=self.require_reasoning,
             eos_token_id=eos_token_id,
             detokenize=DetokenizeParams(params.skip_special_tokens, params.no_stop_trim, stop_strs),
+            bootstrap=self.bootstrap,
         )
 
 

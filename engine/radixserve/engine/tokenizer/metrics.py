@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from radixserve.engine.ipc.messages import LoadOutput
+from radixserve.engine.tokenizer.pd_metrics import PDCollector
 
 P = "radixserve:"
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -36,8 +37,12 @@ class FinishedCounts:
 
 
 class EngineMetrics:
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, disaggregation: bool = False) -> None:
         self.registry = reg = CollectorRegistry()
+        # a prefill or decode server: its queues and transfers (tokenizer/pd_metrics.py)
+        self.pd = PDCollector(model_name) if disaggregation else None
+        if self.pd is not None:
+            reg.register(self.pd)
         labels = ["model_name"]
         self.labels = {"model_name": model_name}
 
@@ -114,6 +119,8 @@ class EngineMetrics:
     def render(self, loads: list[LoadOutput]) -> bytes:
         """Refresh gauges from each DP rank's LoadOutput and render the exposition text."""
         lab = self.labels
+        if self.pd is not None:
+            self.pd.loads = loads
         for load in loads:
             rank = self._rank(load.dp_rank)
             self.num_running_reqs.labels(**rank).set(load.num_running_reqs)

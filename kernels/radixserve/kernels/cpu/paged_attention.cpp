@@ -22,6 +22,7 @@
 
 #include "scalar.h"
 #include "amx_prefix.h"
+#include "flash_extend.h"
 #include <vector>
 
 namespace {
@@ -357,7 +358,30 @@ enum PagedAttentionStatus : int {
   SHARED_UNSUPPORTED = -2,       // radixserve_paged_attention_shared: the path does not apply
   SHARED_PREFIX_MISMATCH = -3,   // .._shared: a member's keys do not start with the prefix
   STORE_SLOT_OUT_OF_RANGE = -1,  // radixserve_store_kv: a slot of loc outside the pool
+  EXTEND_UNSUPPORTED = -4,       // radixserve_extend_attention: the path does not apply
 };
+
+// The tiled extend (flash_extend.h) for this dtype: bf16 on VDPBF16PS where the build has
+// AVX512-BF16, else on float32 tiles; false where the build or the shape has no path.
+template <typename T>
+bool extend_dispatch(const void* q, const void* k, const void* v, const int64_t* slots,
+                     void* out, const ExtendShape& s, const ExtendReqs& rq, int num_threads) {
+#if defined(__AVX512F__)
+  if (s.hkv <= 0 || s.hq % s.hkv != 0) return false;
+  auto qt = static_cast<const T*>(q);
+  auto kt = static_cast<const T*>(k);
+  auto vt = static_cast<const T*>(v);
+  auto ot = static_cast<T*>(out);
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, uint16_t>)
+    return extend_dims<T, Bf16Math>(qt, kt, vt, slots, ot, s, rq, num_threads);
+#endif
+  return extend_dims<T, F32Math>(qt, kt, vt, slots, ot, s, rq, num_threads);
+#else
+  (void)q; (void)k; (void)v; (void)slots; (void)out; (void)s; (void)rq; (void)num_threads;
+  return false;
+#endif
+}
 
 // A slot index's size: the prefix check compares slot rows byte for byte.
 constexpr int64_t kSlotBytes = sizeof(int64_t);
@@ -406,6 +430,39 @@ int radixserve_store_kv(int64_t elem_size, const void* k, const void* v, int64_t
     std::memcpy(vc + loc[t] * kv_stride * elem_size, vb + t * v_stride * elem_size, bytes);
   }
   return PAGED_OK;
+}
+
+// The multi-token extends of a batch, tiled (flash_extend.h): request i's query rows
+// q_start[i] .. + extend[i] - 1 attend slots[kv_row[i]][0 .. prefix[i] + j] (row j, causal);
+// out is [rows, hq, d] contiguous, written at the requests' rows only. dtype as above.
+// Returns PAGED_OK, PAGED_UNSUPPORTED_DTYPE, or EXTEND_UNSUPPORTED where the path does not
+// apply (no AVX-512 in the build, head dim not 16/32/64/128, hq not a multiple of hkv).
+int radixserve_extend_attention(int dtype, const void* q, const void* k, const void* v,
+                                const int64_t* slots, const int64_t* kv_row,
+                                const int64_t* q_start, const int64_t* prefix,
+                                const int64_t* extend, int64_t nreq, void* out, int64_t hq,
+                                int64_t hkv, int64_t d, int64_t q_stride, int64_t kv_stride,
+                                int64_t slots_stride, float scale, int num_threads) {
+  const ExtendShape s{hq, hkv, d, q_stride, kv_stride, slots_stride, scale};
+  const ExtendReqs rq{kv_row, q_start, prefix, extend, nreq};
+  bool done = false;
+  if (dtype == 0) {
+    done = extend_dispatch<float>(q, k, v, slots, out, s, rq, num_threads);
+  } else if (dtype == 1) {
+    done = extend_dispatch<uint16_t>(q, k, v, slots, out, s, rq, num_threads);
+  } else {
+    return PAGED_UNSUPPORTED_DTYPE;
+  }
+  return done ? PAGED_OK : EXTEND_UNSUPPORTED;
+}
+
+// 1 where this build has the tiled extend (AVX-512), else 0.
+int radixserve_extend_attention_available() {
+#if defined(__AVX512F__)
+  return 1;
+#else
+  return 0;
+#endif
 }
 
 // 1 where this build and process can run the shared-prefix path (AMX tiles), else 0.

@@ -12,6 +12,13 @@ Where the CPU has AMX (and the build could use it), the kernel also takes a pref
 rows share (a system prompt): `shared` scores all their queries against it at once as bf16
 matrix products on AMX tiles and adds each row's own keys to that partial result
 (`amx_prefix.h`).
+
+`extend` is the long-prompt path: the multi-token extends of a batch (a prefill, a chunk over
+the earlier chunks, an extend over a cached prefix), tiled flash-style with an online softmax
+(`flash_extend.h`): 16 query rows × the G query heads of a KV head against tiles of keys read
+from the pool in place, on VDPBF16PS for bf16 where the CPU has AVX512-BF16, in float32
+otherwise; no L×L scores. Where the build has no AVX-512 (`has_extend` False) or the head dim
+is not one it compiles (`EXTEND_HEAD_DIMS`) it returns None and the caller keeps SDPA.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import torch
 from radixserve.kernels.cpu.build import (
     DTYPE_CODES,
     KERNEL_DIR,
+    NATIVE,
     bind,
     check_rc,
     load_library,
@@ -63,6 +71,28 @@ _SHARED_ARGS: list[Any] = [
     _P,  # members
     _I,  # n (members)
 ]
+# radixserve_extend_attention's
+_EXTEND_ARGS: list[Any] = [
+    _C,  # dtype
+    _P,  # q
+    _P,  # k
+    _P,  # v
+    _P,  # slots
+    _P,  # kv_row (per request)
+    _P,  # q_start
+    _P,  # prefix
+    _P,  # extend
+    _I,  # nreq
+    _P,  # out
+    _I,  # hq
+    _I,  # hkv
+    _I,  # d
+    _I,  # q_stride
+    _I,  # kv_stride
+    _I,  # slots_stride
+    ctypes.c_float,  # scale
+    _C,  # num_threads
+]
 _STORE_ARGS: list[Any] = [
     _I,  # elem_size (bytes)
     _P,  # k
@@ -82,6 +112,8 @@ _SIGNATURES: dict[str, list[Any]] = {
     "radixserve_paged_attention": _ATTENTION_ARGS,
     "radixserve_paged_attention_shared": _SHARED_ARGS,
     "radixserve_paged_attention_has_shared": [],
+    "radixserve_extend_attention": _EXTEND_ARGS,
+    "radixserve_extend_attention_available": [],
     "radixserve_store_kv": _STORE_ARGS,
 }
 
@@ -91,6 +123,8 @@ PAGED_UNSUPPORTED_DTYPE = -1  # radixserve_paged_attention: dtype not in DTYPE_C
 SHARED_UNSUPPORTED = -2  # radixserve_paged_attention_shared: does not apply (caller falls back)
 SHARED_PREFIX_MISMATCH = -3  # .._shared: a member's keys do not start with the prefix
 STORE_SLOT_OUT_OF_RANGE = -1  # radixserve_store_kv: a slot of loc outside the pool
+EXTEND_UNSUPPORTED = -4  # radixserve_extend_attention: does not apply (caller keeps SDPA)
+EXTEND_HEAD_DIMS = (16, 32, 64, 128)  # the head dims the tiled extend compiles
 
 SHARED_BLOCK = 32  # the shared prefix goes on AMX tiles in whole blocks of this many keys
 # (kPrefixBlock in amx_prefix.h). At most SHARED_MAX_KEYS prefix keys go on tiles (the rest
@@ -100,12 +134,35 @@ SHARED_MAX_KEYS = 4096
 
 
 @dataclass(frozen=True)
+class ExtendRequests:
+    """The multi-token extends of a batch for `PagedAttentionKernel.extend`, one int64 entry
+    per request: its query (and output) rows are q_start .. q_start + extend - 1, its keys
+    the slots slots[kv_row, : prefix + extend], row j seeing the first prefix + j + 1."""
+
+    kv_row: torch.Tensor
+    q_start: torch.Tensor
+    prefix: torch.Tensor
+    extend: torch.Tensor
+
+    @staticmethod
+    def of(
+        kv_row: list[int], q_start: list[int], prefix: list[int], extend: list[int]
+    ) -> ExtendRequests:
+        def t(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64)
+
+        return ExtendRequests(t(kv_row), t(q_start), t(prefix), t(extend))
+
+
+@dataclass(frozen=True)
 class PagedAttentionKernel:
     """The library's entries with tensor arguments (argtypes/restype bound by `_bound`);
-    `has_shared`: its shared-prefix entry runs on this CPU and build (AMX tiles)."""
+    `has_shared`: its shared-prefix entry runs on this CPU and build (AMX tiles);
+    `has_extend`: its tiled extend does (an AVX-512 build)."""
 
     lib: Any
     has_shared: bool
+    has_extend: bool = False
 
     def store(
         self,
@@ -189,6 +246,42 @@ class PagedAttentionKernel:
         check_rc(rc, "paged attention (shared prefix)")
         return out
 
+    def extend(  # noqa: PLR0913 - one argument per input of the kernel
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slots: torch.Tensor,
+        reqs: ExtendRequests,
+        scale: float,
+        out: torch.Tensor,
+    ) -> bool:
+        """Causal attention of the extends `reqs` (q [N, Hq, D], rows may be strided) over
+        their slot rows of `slots` [B, L], written into their rows of `out` ([N, Hq, D]
+        contiguous, q's dtype); False, writing nothing, where the tiled path does not apply
+        (the caller attends them another way)."""
+        if not (
+            self.has_extend
+            and q.shape[2] in EXTEND_HEAD_DIMS
+            and self.supports(q, k_cache, slots)
+            and out.dtype == q.dtype
+            and out.shape == q.shape
+            and out.is_contiguous()
+        ):
+            return False
+        n, hq, d = q.shape
+        rc = self.lib.radixserve_extend_attention(
+            DTYPE_CODES[q.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+            slots.data_ptr(), reqs.kv_row.data_ptr(), reqs.q_start.data_ptr(),
+            reqs.prefix.data_ptr(), reqs.extend.data_ptr(), reqs.kv_row.numel(),
+            out.data_ptr(), hq, k_cache.shape[1], d, q.stride(0), k_cache.stride(0),
+            slots.stride(0), scale, torch.get_num_threads(),
+        )  # fmt: skip
+        if rc == EXTEND_UNSUPPORTED:
+            return False
+        check_rc(rc, "extend attention")
+        return True
+
     @staticmethod
     def supports(q: torch.Tensor, k_cache: torch.Tensor, slots: torch.Tensor) -> bool:
         """CPU tensors of one supported dtype, in the layouts the kernel indexes."""
@@ -240,13 +333,17 @@ def _attention_args(  # noqa: PLR0913 - one argument per input of the kernel
 
 def _bound(lib: ctypes.CDLL) -> PagedAttentionKernel:
     bind(lib, _SIGNATURES)
-    return PagedAttentionKernel(lib, lib.radixserve_paged_attention_has_shared() == 1)
+    return PagedAttentionKernel(
+        lib,
+        lib.radixserve_paged_attention_has_shared() == 1,
+        lib.radixserve_extend_attention_available() == 1,
+    )
 
 
-def build_paged_attention() -> PagedAttentionKernel:
-    """The kernel, built or taken from the cache, loaded; raises OSError or KernelBuildError
-    (no compiler, or the compiler's error)."""
-    return _bound(open_library(SOURCE))
+def build_paged_attention(arch: tuple[str, ...] = NATIVE) -> PagedAttentionKernel:
+    """The kernel for `arch` (this CPU's by default), built or taken from the cache, loaded;
+    raises OSError or KernelBuildError (no compiler, or the compiler's error)."""
+    return _bound(open_library(SOURCE, arch))
 
 
 @functools.cache

@@ -211,7 +211,10 @@ class CacheIndex:
         self, tokens: Sequence[int], keys: Iterable[RankKey]
     ) -> dict[RankKey, PrefixMatch]:
         """`match` plus each events rank's in-flight prefix (see PrefixMatch)."""
-        q = encode_tokens(tokens)
+        return self.match_both_encoded(encode_tokens(tokens), keys)
+
+    def match_both_encoded(self, q: bytes, keys: Iterable[RankKey]) -> dict[RankKey, PrefixMatch]:
+        """`match_both` of a prompt already encoded (`encode_tokens`)."""
         out: dict[RankKey, PrefixMatch] = {}
         for key in keys:
             cache = self._ranks.get(key)
@@ -228,18 +231,22 @@ class CacheIndex:
         """A prompt was sent to `key`: approx ranks remember it; an events rank counts its
         pages as arriving until its events store them. Returns the overlay entry to pass to
         `on_finished` when the request ends or fails (None: nothing to undo)."""
+        return self.on_routed_encoded(key, encode_tokens(tokens))
+
+    def on_routed_encoded(self, key: RankKey, q: bytes) -> int | None:
+        """`on_routed` of a prompt already encoded (`encode_tokens`)."""
         cache = self._ranks.get(key)
         if cache is None:
             return None
         if cache.recent is not None:
-            cache.recent.insert(tokens)
+            cache.recent.insert_encoded(q)
         if isinstance(cache.tree, ApproxTree):
-            cache.tree.insert(tokens)
+            cache.tree.insert_encoded(q)
             return None
         if cache.fallback is not None:
-            cache.fallback.insert(tokens)
+            cache.fallback.insert_encoded(q)
         assert cache.overlay is not None
-        return cache.overlay.add(encode_tokens(tokens))
+        return cache.overlay.add(q)
 
     def on_finished(self, key: RankKey, entry: int | None) -> None:
         """The request of `on_routed`'s entry ended or failed: its pages stop arriving."""

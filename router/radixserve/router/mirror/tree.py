@@ -54,6 +54,13 @@ def encode_tokens(tokens: Sequence[int], field: str = "tokens") -> bytes:
         raise ValueError(f"{field}: token ids must be integers in [0, 2**32): {exc}") from None
 
 
+def decode_tokens(q: bytes) -> list[int]:
+    """`encode_tokens`' inverse."""
+    ids = array("I")
+    ids.frombytes(q)
+    return ids.tolist()
+
+
 class _Keyed(Protocol):
     """A node of either tree as `match_bytes` reads it (read-only, so both node types fit)."""
 

@@ -1,0 +1,125 @@
+"""The prefill's bootstrap server (SGLang's routes) and the decode's client of it.
+
+The server runs on a thread of the prefill's first scheduler rank, on
+`--disaggregation-bootstrap-port`. Each prefill rank registers its control endpoint and the
+topology (`PUT /route`); a decode fetches them (`GET /route`: 503 until every rank has
+registered) before it sends anything, and polls `GET /health` while it waits on that prefill.
+"""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import msgspec
+
+from radixserve.engine.disaggregation.wire import PrefillInfo, RankInfo, Topology
+
+
+class Registration(msgspec.Struct, frozen=True):
+    """PUT /route: one prefill rank."""
+
+    rank: RankInfo
+    topology: Topology
+
+
+class _Table:
+    def __init__(self, tp_size: int) -> None:
+        self.tp_size = tp_size
+        self.lock = threading.Lock()
+        self.topology: Topology | None = None
+        self.ranks: dict[int, RankInfo] = {}
+
+    def register(self, reg: Registration) -> None:
+        with self.lock:
+            self.topology = reg.topology
+            self.ranks[reg.rank.tp_rank] = reg.rank
+
+    def info(self) -> PrefillInfo | None:
+        with self.lock:
+            if self.topology is None or len(self.ranks) < self.tp_size:
+                return None
+            return PrefillInfo(self.topology, [self.ranks[r] for r in sorted(self.ranks)])
+
+
+def _handler(table: _Table) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def _reply(self, status: int, body: bytes = b"") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            path = self.path.split("?", 1)[0]
+            if path == "/health":
+                self._reply(200, b"{}")
+            elif path == "/route":
+                info = table.info()
+                if info is None:
+                    self._reply(503, b'{"error": "not every prefill rank has registered"}')
+                else:
+                    self._reply(200, msgspec.json.encode(info))
+            else:
+                self._reply(404)
+
+        def do_PUT(self) -> None:  # noqa: N802
+            if self.path.split("?", 1)[0] != "/route":
+                self._reply(404)
+                return
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            try:
+                table.register(msgspec.json.decode(body, type=Registration))
+            except msgspec.ValidationError as exc:
+                self._reply(400, msgspec.json.encode({"error": str(exc)}))
+                return
+            self._reply(200, b"{}")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return None  # one line per poll would drown the log
+
+    return Handler
+
+
+class BootstrapServer:
+    """Serves on its own daemon thread until `close`."""
+
+    def __init__(self, host: str, port: int, tp_size: int) -> None:
+        self.table = _Table(tp_size)
+        self._server = ThreadingHTTPServer((host, port), _handler(self.table))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="pd-bootstrap", daemon=True
+        )
+        self._thread.start()
+
+    def register(self, reg: Registration) -> None:
+        """The hosting rank's own registration (no HTTP round trip)."""
+        self.table.register(reg)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def register_rank(address: str, reg: Registration, timeout_s: float = 5.0) -> None:
+    """PUT /route on the prefill at `address` (host:port); raises on failure."""
+    r = httpx.put(f"http://{address}/route", content=msgspec.json.encode(reg), timeout=timeout_s)
+    r.raise_for_status()
+
+
+def fetch_prefill_info(address: str, timeout_s: float = 5.0) -> PrefillInfo:
+    """GET /route; raises httpx errors (connection refused, 503 while ranks register)."""
+    r = httpx.get(f"http://{address}/route", timeout=timeout_s)
+    r.raise_for_status()
+    return msgspec.json.decode(r.content, type=PrefillInfo)
+
+
+def is_healthy(address: str, timeout_s: float = 2.0) -> bool:
+    try:
+        return httpx.get(f"http://{address}/health", timeout=timeout_s).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -1,0 +1,128 @@
+"""The control plane of a prefill/decode pair: what each side tells the other, as tagged msgspec
+structs (msgpack over ZMQ PUSH/PULL), and the topology the bootstrap handshake compares.
+
+A room (`bootstrap_room`, chosen by the router) names one request on both sides. The decode
+side opens it (`KVRequest`: where to write and what it already has); the prefill side closes it
+(`KVDone` with the first token, or `KVFailed`); the decode side acknowledges a `KVDone` with
+`KVAck`, and only then does the prefill release the request's KV to its radix cache. A decode
+that gives up on a room sends `KVAbort` and keeps its destination pages until `KVDrained` (or
+any final word) says no write can reach them any more.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+# SGLang's: requests whose bootstrap_host is this have no peer (warm-up, health checks) and run
+# co-located on whichever server receives them.
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"
+
+
+class Topology(msgspec.Struct, frozen=True):
+    """What a pair must agree on for one side's KV pages to be the other's."""
+
+    architecture: str
+    num_layers: int
+    num_kv_heads: int  # the model's, not per rank
+    head_dim: int
+    vocab_size: int
+    kv_dtype: str
+    page_size: int
+    tp_size: int
+
+
+def topology_mismatch(
+    prefill: Topology, decode: Topology, prefill_addr: str, decode_addr: str
+) -> str | None:
+    """None when the pair works, else an error that names both sides and their values."""
+    model = ("architecture", "num_layers", "num_kv_heads", "head_dim", "vocab_size")
+    for name in (*model, "kv_dtype", "page_size", "tp_size"):
+        p, d = getattr(prefill, name), getattr(decode, name)
+        if p != d:
+            what = "model" if name in model else name
+            return (
+                f"prefill/decode topology mismatch ({what}): prefill {prefill_addr} has "
+                f"{name}={p}, decode {decode_addr} has {name}={d}"
+            )
+    return None
+
+
+class RankInfo(msgspec.Struct, frozen=True):
+    """One prefill rank's control endpoint (its KV manager's ZMQ PULL socket)."""
+
+    tp_rank: int
+    endpoint: str  # tcp://host:port
+
+
+class PrefillInfo(msgspec.Struct, frozen=True):
+    """GET /route on a prefill's bootstrap server, once every rank registered."""
+
+    topology: Topology
+    ranks: list[RankInfo]
+
+
+class _Msg(msgspec.Struct, frozen=True, tag=True):
+    pass
+
+
+class KVRequest(_Msg, frozen=True):
+    """Decode → prefill: write the prompt's KV from `decode_prefix_len` on into `dst_pages`."""
+
+    room: int
+    decode_endpoint: str  # where the prefill answers (the decode rank's PULL socket)
+    decode_session: str  # the decode's transfer-engine session (host:rpc_port)
+    topology: Topology  # the decode's; the prefill checks it too
+    decode_prefix_len: int  # tokens the decode already holds (page-aligned)
+    dst_pages: list[int]  # decode page ids for positions decode_prefix_len … prompt end
+    dst_k_ptrs: list[int]  # per layer: base address of the decode's K buffer
+    dst_v_ptrs: list[int]
+
+
+class KVRefuse(_Msg, frozen=True):
+    """Decode → prefill: the decode refused the pair at bootstrap (topology mismatch)."""
+
+    room: int
+    reason: str
+
+
+class KVAbort(_Msg, frozen=True):
+    """Decode → prefill: the decode gave up on the room; answer with KVDrained once no write of
+    it can still land."""
+
+    room: int
+    decode_endpoint: str
+
+
+class KVAck(_Msg, frozen=True):
+    """Decode → prefill: the KV and first token arrived; the prefill may release its copy."""
+
+    room: int
+
+
+class KVDone(_Msg, frozen=True):
+    """Prefill → decode: every page is written; the request's first token and its counts."""
+
+    room: int
+    first_token: int
+    logprob: float
+    top_logprobs: list[tuple[float, int]]
+    cached_tokens: int  # prompt tokens the prefill found in its radix cache
+    num_pages: int
+    num_bytes: int
+
+
+class KVFailed(_Msg, frozen=True):
+    """Prefill → decode: the room failed (no more writes will come)."""
+
+    room: int
+    reason: str
+
+
+class KVDrained(_Msg, frozen=True):
+    """Prefill → decode: answer to KVAbort; no write for the room is in flight."""
+
+    room: int
+
+
+ToPrefill = KVRequest | KVRefuse | KVAbort | KVAck
+ToDecode = KVDone | KVFailed | KVDrained

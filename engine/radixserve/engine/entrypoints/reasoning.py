@@ -1,0 +1,96 @@
+"""`--reasoning-parser`: the answer's `<think>…</think>` part as `reasoning_content`, the rest
+as `content`, streamed too (SGLang's detectors by name):
+
+- deepseek-r1: the answer always starts in reasoning (R1 often leaves out the opening tag);
+  everything before `</think>` is reasoning;
+- qwen3: reasoning when the answer opens with `<think>` (the hybrid models write it when
+  thinking is on; with `chat_template_kwargs.enable_thinking` false the template closes the
+  block itself and the answer is all content);
+- qwen3-thinking: always reasoning.
+
+An answer cut before `</think>` is all reasoning. The content after the tag starts at its
+first non-blank character. Text that may be the start of a tag is held back. Main process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+START, END = "<think>", "</think>"
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningSplit:
+    reasoning: str = ""
+    content: str = ""
+
+
+def starts_in_reasoning(parser: str) -> bool:
+    """Whether an answer is reasoning before any tag (else only after a leading <think>)."""
+    return parser != "qwen3"
+
+
+def thinks_first(parser: str, template_kwargs: dict[str, Any] | None) -> bool:
+    """Whether the answer surely opens with reasoning, so that a grammar (response_format, a
+    forced tool call) must constrain only what follows "</think>": deepseek-r1 and
+    qwen3-thinking always; qwen3 when the request turns thinking on explicitly
+    (`chat_template_kwargs.enable_thinking`), as a model that never thinks would otherwise
+    never be constrained."""
+    if parser == "qwen3":
+        return (template_kwargs or {}).get("enable_thinking") is True
+    return True
+
+
+class ReasoningDetector:
+    def __init__(self, in_reasoning: bool) -> None:
+        self.in_reasoning = in_reasoning
+        self.at_start = True  # nothing emitted yet: an opening tag may still come
+        self.after_end = False  # strip the blank run right after </think>
+        self.buffer = ""
+
+    def feed(self, text: str) -> ReasoningSplit:
+        self.buffer += text
+        if self.at_start:
+            head = self.buffer.lstrip()
+            if START.startswith(head) and len(head) < len(START):
+                return ReasoningSplit()  # maybe the opening tag: wait
+            self.at_start = False
+            if head.startswith(START):
+                self.in_reasoning, self.buffer = True, head[len(START) :]
+        if self.in_reasoning:
+            return self._reasoning()
+        return ReasoningSplit(content=self._content())
+
+    def finish(self) -> ReasoningSplit:
+        text, self.buffer = self.buffer, ""
+        if self.in_reasoning:
+            return ReasoningSplit(reasoning=text)
+        return ReasoningSplit(content=text.lstrip() if self.after_end else text)
+
+    def _reasoning(self) -> ReasoningSplit:
+        at = self.buffer.find(END)
+        if at >= 0:
+            reasoning, self.buffer = self.buffer[:at], self.buffer[at + len(END) :]
+            self.in_reasoning, self.after_end = False, True
+            return ReasoningSplit(reasoning, self._content())
+        keep = _partial_suffix(self.buffer, END)
+        cut = len(self.buffer) - keep
+        reasoning, self.buffer = self.buffer[:cut], self.buffer[cut:]
+        return ReasoningSplit(reasoning=reasoning)
+
+    def _content(self) -> str:
+        if self.after_end:
+            self.buffer = self.buffer.lstrip()
+            if not self.buffer:
+                return ""  # still blank: the content has not started
+            self.after_end = False
+        text, self.buffer = self.buffer, ""
+        return text
+
+
+def _partial_suffix(text: str, token: str) -> int:
+    for n in range(min(len(text), len(token) - 1), 0, -1):
+        if token.startswith(text[-n:]):
+            return n
+    return 0

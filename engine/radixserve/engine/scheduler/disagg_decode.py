@@ -1,0 +1,293 @@
+"""The decode side of a prefill/decode pair: its queues in front of the running batch.
+
+A request that names a prefill (`req.bootstrap`) lives in a room, keyed by its bootstrap_room:
+1. resolve: the prefill's topology and control endpoint come from its bootstrap server; a
+   mismatch (model, KV dtype, page size, TP) ends the request with an error naming both sides,
+   and the prefill is told (`KVRefuse`), so neither side waits;
+2. pre-allocation queue: when memory allows, a ReqToTokenPool row and KV pages for the prompt
+   are reserved (after the prefix this side already caches, with
+   --disaggregation-decode-enable-radix-cache) and `KVRequest` tells the prefill where to write;
+3. transfer queue: waits for `KVDone`, acknowledges it, then the request joins the running
+   batch with its first token, as if this side had prefilled it.
+An abort or timeout in the transfer queue sends `KVAbort` and keeps the pages until the prefill
+says no write can reach them (`KVDrained`, or any final word, or a timeout). Retraction needs
+nothing of this: a retracted request is recomputed here from its tokens like any other.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from enum import Enum, auto
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixserve.engine.disaggregation.kv_manager import KVManager
+from radixserve.engine.disaggregation.wire import (
+    KVAbort,
+    KVAck,
+    KVDone,
+    KVFailed,
+    KVRefuse,
+    KVRequest,
+    PrefillInfo,
+    ToDecode,
+    Topology,
+    topology_mismatch,
+)
+from radixserve.engine.ipc.finish_reason import FinishAbort, FinishReason
+from radixserve.engine.scheduler.disagg_common import DisaggConfig, DisaggStats
+from radixserve.engine.scheduler.disagg_directory import PrefillDirectory
+from radixserve.engine.scheduler.req import Req
+from radixserve.engine.scheduler.schedule_batch import ScheduleBatch
+
+if TYPE_CHECKING:
+    from radixserve.engine.scheduler.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+class Stage(Enum):
+    RESOLVE = auto()  # fetching the prefill's topology
+    PREALLOC = auto()  # waiting for memory
+    TRANSFER = auto()  # KVRequest sent, waiting for KVDone
+    DRAIN = auto()  # ended here; pages held until the prefill confirms no write is left
+
+
+@dataclass(eq=False, slots=True)
+class DecodeRoom:
+    req: Req
+    address: str  # the prefill's bootstrap host:port
+    since: float
+    stage: Stage = Stage.RESOLVE
+    endpoint: str = ""  # the prefill rank's control socket
+    holds_kv: bool = False  # row and pages reserved (freed when the room ends)
+
+
+class DecodeDisagg:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        kv: KVManager,
+        topology: Topology,
+        config: DisaggConfig,
+    ) -> None:
+        self.scheduler = scheduler
+        self.kv = kv
+        self.topology = topology
+        self.config = config
+        self.directory = PrefillDirectory(config)
+        self.rooms: dict[int, DecodeRoom] = {}
+        self.stats = DisaggStats()
+
+    def add(self, req: Req) -> None:
+        boot = req.bootstrap
+        assert boot is not None
+        if boot.room in self.rooms:
+            req.finished_reason = FinishAbort(
+                f"bootstrap_room: room {boot.room} is already in use on this decode server", 400
+            )
+            return
+        self.rooms[boot.room] = DecodeRoom(req, f"{boot.host}:{boot.port}", time.monotonic())
+
+    def pending(self) -> bool:
+        return bool(self.rooms)
+
+    # ---- the step hook ------------------------------------------------------------------------
+
+    def poll(self) -> list[Req]:
+        """Progress every room; returns requests that got their first token or ended."""
+        done: list[Req] = []
+        for msg in self.kv.recv_to_decode():
+            done += self._on_message(msg)
+        done += self._resolve()
+        done += self._preallocate()
+        done += self._sweep(time.monotonic())
+        return done
+
+    def _resolve(self) -> list[Req]:
+        done: list[Req] = []
+        waiting = [r for r in self.rooms.values() if r.stage is Stage.RESOLVE]
+        for address in {r.address for r in waiting}:
+            found = self.directory.resolve(address)
+            if found is None:
+                continue
+            for room in (r for r in waiting if r.address == address):
+                done += self._resolved(room, found)
+        return done
+
+    def _resolved(self, room: DecodeRoom, found: PrefillInfo | str) -> list[Req]:
+        if isinstance(found, str):
+            self.stats.bootstrap_failed += 1
+            return self._end(room, FinishAbort(found, 500))
+        room.endpoint = found.ranks[0].endpoint
+        problem = topology_mismatch(found.topology, self.topology, room.address, self.kv.endpoint)
+        if problem is not None:
+            self.stats.bootstrap_failed += 1
+            logger.warning("room %d refused: %s", _room(room.req), problem)
+            self.kv.send(room.endpoint, KVRefuse(_room(room.req), problem))
+            return self._end(room, FinishAbort(problem, 500))
+        room.stage = Stage.PREALLOC
+        return []
+
+    def _preallocate(self) -> list[Req]:
+        """Reserve memory for queued rooms in arrival order, stopping at the first that does
+        not fit (it keeps its place)."""
+        for room in [r for r in self.rooms.values() if r.stage is Stage.PREALLOC]:
+            if not self._reserve(room):
+                break
+        return []
+
+    def _reserve(self, room: DecodeRoom) -> bool:
+        sched, req = self.scheduler, room.req
+        kv, ps = sched.kv, self.topology.page_size
+        ids, n = req.origin_input_ids, len(req.origin_input_ids)
+        match = kv.tree_cache.match_prefix(ids)
+        prefix = match.indices
+        kv.tree_cache.inc_lock_ref(match.last_node)
+        need = (-(-n // ps) - len(prefix) // ps) * ps
+        reserve = ps * (len(sched.running_batch.reqs) + 1)  # a page per running request
+        if kv.allocator.available_size() < need + reserve:
+            kv.tree_cache.evict(need + reserve - kv.allocator.available_size())
+        rows = None
+        if kv.allocator.available_size() >= need + reserve:
+            rows = kv.req_to_token_pool.alloc(1)
+        if rows is None:
+            kv.tree_cache.dec_lock_ref(match.last_node)
+            return False
+        last = [int(prefix[-1])] if len(prefix) else [-1]
+        slots = kv.allocator.alloc_extend([len(prefix)], [n], last)
+        assert slots is not None  # checked above
+        row = rows[0]
+        kv.req_to_token_pool.write(row, 0, prefix)
+        kv.req_to_token_pool.write(row, len(prefix), slots)
+        req.req_pool_idx, req.prefix_indices, req.last_node = row, prefix, match.last_node
+        req.cache_protected_len, req.kv_allocated_len = len(prefix), n
+        room.holds_kv = True
+        pages = (slots[::ps] // ps).tolist()
+        layout = self.kv.layout
+        self.kv.send(
+            room.endpoint,
+            KVRequest(
+                _room(req), self.kv.endpoint, self.kv.backend.session_id, self.topology,
+                len(prefix), pages, list(layout.k_ptrs), list(layout.v_ptrs),
+            ),
+        )  # fmt: skip
+        room.stage, room.since = Stage.TRANSFER, time.monotonic()
+        return True
+
+    # ---- the prefill's answers ----------------------------------------------------------------
+
+    def _on_message(self, msg: ToDecode) -> list[Req]:
+        room = self.rooms.get(msg.room)
+        if room is None:
+            return []  # a room already ended: late words never reopen it
+        if room.stage is Stage.DRAIN:  # any final word: no write of the room is left
+            self._free(room)
+            return []
+        if isinstance(msg, KVDone) and room.stage is Stage.TRANSFER:
+            return self._commit(room, msg)
+        if isinstance(msg, KVFailed):
+            self.stats.transfer_failed += 1
+            return self._end(room, FinishAbort(f"prefill {room.address}: {msg.reason}", 500))
+        return []
+
+    def _commit(self, room: DecodeRoom, msg: KVDone) -> list[Req]:
+        """The KV is here: the request joins the running batch with its first token."""
+        self.kv.send(room.endpoint, KVAck(msg.room))
+        del self.rooms[msg.room]
+        num_bytes = msg.num_pages * self.kv.layout.bytes_per_page  # what this side reserved
+        self.stats.count_transfer(msg.num_pages, num_bytes)
+        sched, req = self.scheduler, room.req
+        req.output_ids.append(msg.first_token)
+        if req.return_logprob:
+            req.output_token_logprobs.append(msg.logprob)
+            if req.top_logprobs_num:
+                req.output_top_logprobs.append(list(msg.top_logprobs))
+        req.cached_tokens = msg.cached_tokens
+        req.fill_ids = list(req.origin_input_ids)
+        assert req.req_pool_idx is not None
+        row = sched.kv.req_to_token_pool.req_to_token[req.req_pool_idx]
+        req.prefix_indices = row[: len(req.fill_ids)].to(torch.int64).clone()
+        if req.queue_time is None:
+            req.queue_time = time.monotonic() - req.arrival_time
+        sched.tree_cache.cache_unfinished_req(req)
+        req.check_finished()
+        if req.finished():
+            sched.tree_cache.cache_finished_req(req)
+        else:
+            sched.running_batch.merge_batch(ScheduleBatch([req], sched.kv))
+        return [req]
+
+    # ---- endings ------------------------------------------------------------------------------
+
+    def _end(self, room: DecodeRoom, reason: FinishReason) -> list[Req]:
+        """End the request now. Pages the prefill may still write stay held (DRAIN)."""
+        req = room.req
+        req.finished_reason = reason
+        if room.stage is Stage.TRANSFER:
+            self.kv.send(room.endpoint, KVAbort(_room(req), self.kv.endpoint))
+            room.stage, room.since = Stage.DRAIN, time.monotonic()
+            return [req]
+        if room.endpoint and room.stage is Stage.PREALLOC:
+            self.kv.send(room.endpoint, KVAbort(_room(req), self.kv.endpoint))
+        self._free(room)
+        return [req]
+
+    def _free(self, room: DecodeRoom) -> None:
+        self.rooms.pop(_room(room.req), None)
+        if room.holds_kv:
+            room.holds_kv = False
+            self.scheduler.tree_cache.cache_finished_req(room.req, is_insert=False)
+
+    def _sweep(self, now: float) -> list[Req]:
+        done: list[Req] = []
+        waiting = {r.address for r in self.rooms.values() if r.stage is not Stage.RESOLVE}
+        dead = self.directory.dead(waiting)
+        for room in list(self.rooms.values()):
+            age = now - room.since
+            if room.address in dead and room.stage is not Stage.RESOLVE:
+                # a dead prefill writes nothing more: its rooms' pages are free at once
+                if room.stage is not Stage.DRAIN:
+                    self.stats.transfer_failed += 1
+                    why = f"prefill {room.address} stopped answering its bootstrap server"
+                    room.req.finished_reason = FinishAbort(why, 500)
+                    done.append(room.req)
+                self._free(room)
+            elif room.stage is Stage.TRANSFER and age > self.config.waiting_timeout_s:
+                self.stats.transfer_failed += 1
+                why = f"KV transfer from prefill {room.address} timed out after {age:.0f} s"
+                done += self._end(room, FinishAbort(why, 500))
+            elif room.stage is Stage.DRAIN and age > self.config.abort_drain_s:
+                logger.warning("room %d: no drain answer from %s", _room(room.req), room.address)
+                self._free(room)
+        return done
+
+    def abort(self, hit: set[str] | None, reason: FinishReason) -> list[Req]:
+        done: list[Req] = []
+        for room in list(self.rooms.values()):
+            if room.stage is Stage.DRAIN or (hit is not None and room.req.rid not in hit):
+                continue
+            done += self._end(room, reason)
+        return done
+
+    def load_fields(self) -> dict[str, int | float]:
+        stages = [r.stage for r in self.rooms.values()]
+        return {
+            "num_decode_prealloc_queue_reqs": sum(
+                s in (Stage.RESOLVE, Stage.PREALLOC) for s in stages
+            ),
+            "num_decode_transfer_queue_reqs": stages.count(Stage.TRANSFER),
+            **self.stats.load_fields(),
+        }
+
+    def close(self) -> None:
+        self.directory.close()
+        self.kv.close()
+
+
+def _room(req: Req) -> int:
+    assert req.bootstrap is not None
+    return req.bootstrap.room
