@@ -7,7 +7,8 @@ Packed for the AMX kernel, each output must lie within half a bfloat16 ulp of F.
 float32 plus the float32 reordering bound (the kernel's own tests: tests/kernels). The real
 SmolLM2 engine must give the same greedy tokens packed for oneDNN as unpacked, and with the
 AMX kernel the same tokens on these prompts too. The AMX cases skip only where the CPU has no
-AMX-BF16 (the oneDNN ones run everywhere); where it has, a kernel that does not build fails
+AMX-BF16 (the oneDNN ones run everywhere, and check that a CPU without oneDNN's bf16 path keeps
+the plain weight); where it has, a kernel that does not build fails
 them (`tests/kernels/amx.py`).
 """
 
@@ -19,10 +20,12 @@ import torch.nn.functional as F
 
 from radixserve.engine.configs.cpu_features import cpu_flags
 from radixserve.engine.distributed import GroupHandle
+from radixserve.engine.layers import parallel_linear
 from radixserve.engine.layers.parallel_linear import (
     ColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
+    onednn_bf16_supported,
 )
 from radixserve.engine.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 from radixserve.kernels.cpu.amx_gemm import AmxWeight
@@ -59,15 +62,27 @@ def _expected(
 
 
 @pytest.mark.parametrize("rows", [0, 1, 7, 32, 256, 700])
-def test_prepacked_projections_equal_f_linear_bit_for_bit(rows: int) -> None:
+@pytest.mark.parametrize("cpu", ["this", "avx2_only"])
+def test_prepacked_projections_equal_f_linear_bit_for_bit(
+    rows: int, cpu: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Packed for oneDNN where its bf16 path runs on this CPU; where it does not (an AVX2-only
+    CPU, emulated by the second case: torch's reorder raises there) the weight stays as it
+    was, for F.linear."""
+    if cpu == "avx2_only":
+        monkeypatch.setattr(parallel_linear, "onednn_bf16_supported", lambda: False)
+    packs = cpu == "this" and onednn_bf16_supported()
     for layer in _layers():
         weight = layer.weight.data.clone()
         bias = layer.bias.data.clone() if layer.bias is not None else None
         wide = torch.randn(rows, weight.shape[1] + 5).to(torch.bfloat16)
         x = wide[:, : weight.shape[1]]  # a strided view, as a split projection hands over
         want = _expected(layer, x, weight, bias)
-        assert layer.prepack_cpu() == "onednn"
-        assert layer.weight is None and layer.packed is not None
+        assert layer.prepack_cpu() == ("onednn" if packs else None)
+        if packs:
+            assert layer.weight is None and layer.packed is not None
+        else:
+            assert layer.packed is None and torch.equal(layer.weight.data, weight)
         assert torch.equal(layer(x), want)
         assert layer.prepack_cpu() is None  # once
 
@@ -102,6 +117,9 @@ def test_float32_and_released_weights_are_left_alone(with_amx: bool) -> None:
     layer = _filled(ColumnParallelLinear(8, [8], False, GroupHandle.single()), 4, torch.float32)
     assert layer.prepack_cpu(amx) is None and layer.weight is not None  # bf16 only
     packed = _filled(RowParallelLinear(8, 8, False, GroupHandle.single()), 5, torch.bfloat16)
+    if not onednn_bf16_supported():  # nothing packs 8 columns: the weight stays
+        assert packed.prepack_cpu(amx) is None and packed.weight is not None
+        return
     assert packed.prepack_cpu(amx) == "onednn"  # 8 columns: not the AMX kernel's
     with pytest.raises(ValueError, match="prepacked"):
         packed.load_full(torch.zeros(8, 8), is_bias=False)
@@ -112,10 +130,11 @@ def test_smollm2_greedy_tokens_are_the_same_packed_and_unpacked() -> None:
     from tests.conftest import PROMPTS, SMOLLM
 
     amx = amx_gemm_or_none() is not None  # where the CPU has AMX-BF16 it must build
-    no_amx = RowwiseWeight if "avx512_bf16" in cpu_flags() else torch.Tensor
+    onednn = torch.Tensor if onednn_bf16_supported() else None  # AVX2-only: not packed
+    no_amx = RowwiseWeight if "avx512_bf16" in cpu_flags() else onednn
     runs = {  # name: (flags, the packed layout every projection must have)
         "plain": ({"disable_weight_prepack": True}, None),
-        "onednn": ({"disable_amx_gemm": True, "disable_rowwise_gemm": True}, torch.Tensor),
+        "onednn": ({"disable_amx_gemm": True, "disable_rowwise_gemm": True}, onednn),
         "no_amx": ({"disable_amx_gemm": True}, no_amx),
         "default": ({}, AmxWeight if amx else no_amx),
     }

@@ -35,6 +35,13 @@ from radixserve.kernels.cpu.rowwise_gemm import RowwiseGemm
 PACK_BATCH_HINT = 256
 
 
+def onednn_bf16_supported() -> bool:
+    """Whether oneDNN's bf16 linear runs on this CPU: torch's own check (AVX-512 BW/VL/DQ or
+    AVX-NE-CONVERT). Elsewhere (an AVX2-only CPU) its reorder raises, so the weight stays for
+    F.linear."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def can_prepack(weight: torch.Tensor) -> bool:
     """A CPU bfloat16 weight where torch has oneDNN (the prepacked op needs both)."""
     return (
@@ -55,17 +62,19 @@ class _Prepackable(nn.Module):
     ) -> str | None:
         """Replace the weight by its packed copy, for `amx` where given and the shape fits,
         else for `rowwise` where given (deterministic inference: its rows are batch-invariant,
-        oneDNN's are not), else for oneDNN (no second copy is kept: loading is over). Returns
-        the layout used, "amx", "rowwise" or "onednn", or None, changing nothing, where the
-        weight cannot be packed."""
+        oneDNN's are not), else for oneDNN where the CPU runs its bf16 path (no second copy is
+        kept: loading is over). Returns the layout used, "amx", "rowwise" or "onednn", or None,
+        changing nothing, where the weight cannot be packed."""
         if self.weight is None or self.packed is not None or not can_prepack(self.weight):
             return None
         found = pack_first(self.weight.data, (amx, rowwise))
         if found is not None:
             self.packed, layout = found
-        else:
+        elif onednn_bf16_supported():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.data, PACK_BATCH_HINT)
             layout = "onednn"
+        else:
+            return None
         self.register_parameter("weight", None)
         return layout
 
