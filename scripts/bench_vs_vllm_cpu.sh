@@ -14,10 +14,15 @@
 #   c32-rand-64-256   32 in flight, random 64 -> 256 (64 requests)
 #   c16-gsp-512-128   16 in flight, 4 shared 512-token system prompts + 64 own tokens -> 128
 #   c32-gsp-1024-32   32 in flight, 2 shared 1,024-token system prompts + 32 own tokens -> 32
+# FAMILY=structured measures the cost of constrained decoding: the same random prompts without
+# and with a JSON schema (scripts/bench/order_schema.json as `response_format` on
+# /v1/completions; answers end where the schema does, each validated with jsonschema):
+#   plain-c1 / json-c1   1 in flight, 256-token prompts (4 requests), 96 tokens / up to 256
+#   plain-c8 / json-c8   8 in flight, 256-token prompts (32 requests), the same
 # One server at a time (two servers on the same cores measure neither), each started fresh per
 # round, the order alternating (odd rounds vLLM first). Run it on an otherwise idle machine.
 #
-#   PEERS_DIR=/some/scratch [FAMILY=burst|closed] scripts/bench_vs_vllm_cpu.sh [ROUNDS]  (8)
+#   PEERS_DIR=/some/scratch [FAMILY=burst|closed|structured] scripts/bench_vs_vllm_cpu.sh [ROUNDS]  (8)
 #   extra flags for our server: OURS_FLAGS="--enable-mixed-chunk" ...
 #
 # Needs this checkout's `radixserve` on PATH (its venv active) and the peer installed by
@@ -71,9 +76,23 @@ closed_family() {  # URL FILE_PREFIX
         --output-file "$prefix-c32-gsp-1024-32.json"
 }
 
+structured_family() {  # URL FILE_PREFIX
+    local url=$1 prefix=$2 c n
+    local bench=(radixserve bench serving --backend openai --base-url "$url" --dataset-name random
+        --random-range-ratio 1 --random-input-len 256)
+    for c in 1 8; do
+        n=$((c == 1 ? 4 : 32))
+        "${bench[@]}" --max-concurrency $c --num-prompts $n --random-output-len 96 \
+            --output-file "$prefix-plain-c$c.json"
+        "${bench[@]}" --max-concurrency $c --num-prompts $n --random-output-len 256 \
+            --json-schema "$here/bench/order_schema.json" --output-file "$prefix-json-c$c.json"
+    done
+}
+
 workloads() {  # URL FILE_PREFIX
     local url=$1 prefix=$2
     if [[ $family == closed ]]; then closed_family "$url" "$prefix"; return; fi
+    if [[ $family == structured ]]; then structured_family "$url" "$prefix"; return; fi
     local b=(--dataset-name generated-shared-prefix --gsp-num-groups 1 --gsp-prompts-per-group 32
         --gsp-system-prompt-len 512 --gsp-question-len 32 --gsp-output-len 64 --max-concurrency 32)
     radixserve bench serving --backend openai --base-url "$url" --dataset-name random \
@@ -113,9 +132,11 @@ import sys
 from pathlib import Path
 
 out, rounds, family = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-if family == "closed":
+if family in ("closed", "structured"):
     names = sorted({p.name.split("-", 2)[2].removesuffix(".json") for p in out.glob("round1-vllm-*.json")})
-    cols = [(w, k) for w in names for k in ("output_throughput", "mean_tpot_ms", "mean_ttft_ms")]
+    keys = ["output_throughput", "mean_tpot_ms", "mean_ttft_ms"]
+    keys += ["output_tokens", "schema_valid"] if family == "structured" else []
+    cols = [(w, k) for w in names for k in keys]
 else:
     cols = [("a", "output_throughput"), ("b1", "output_throughput"), ("b1", "mean_ttft_ms"),
             ("b2", "output_throughput"), ("b2", "mean_ttft_ms")]
@@ -123,7 +144,7 @@ else:
 
 def value(r: int, server: str, workload: str, key: str) -> float:
     path = out / f"round{r}-{server}-{workload}.json"
-    return float(json.loads(path.read_text())["results"][key])
+    return float(json.loads(path.read_text())["results"].get(key, "nan"))  # plain: no schema_valid
 
 
 print("workload metric | " + " | ".join(f"r{r} vLLM / ours" for r in range(1, rounds + 1))

@@ -3,7 +3,11 @@ server speaking SGLang's native /generate (`--backend radixserve`), or any OpenA
 server (`--backend openai`: streamed /v1/completions with token-id prompts, so vLLM and
 radixserve see the same tokens and are measured by the same client).
 
-Requests are streamed so TTFT and inter-token latencies are measured per chunk. Arrivals:
+Requests are streamed so TTFT and inter-token latencies are measured per chunk. With
+`--json-schema` every answer is constrained to that schema (the cost of constrained decoding,
+beside the same prompts without it): `response_format` on /v1/completions (SGLang and vLLM
+take it there), `sampling_params.json_schema` on /generate; answers then end where the schema
+does (no ignore_eos), and each is validated with jsonschema. Arrivals:
 all at once (`--request-rate inf`) or Poisson at the given rate; `--max-concurrency` caps
 requests in flight. The cache hit rate is Σ meta_info.cached_tokens / Σ prompt tokens.
 """
@@ -43,6 +47,7 @@ class RequestResult:
     latency: float = 0.0
     itls: list[float] = field(default_factory=list)
     error: str = ""
+    text: str = ""
 
 
 def add_serving_parser(sub: Any) -> None:
@@ -85,6 +90,12 @@ def add_serving_parser(sub: Any) -> None:
     p.add_argument("--vocab-size", type=int, default=49152)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--api-key", default=None)
+    p.add_argument(
+        "--json-schema",
+        default=None,
+        metavar="FILE",
+        help="constrain every answer to the JSON schema in FILE and validate each answer",
+    )
     p.add_argument("--output-file", default="bench-results/serving.json")
     p.set_defaults(handler=run_serving)
 
@@ -133,13 +144,18 @@ async def sse_chunks(
 
 
 async def send_one(
-    client: httpx.AsyncClient, url: str, req: BenchRequest, headers: dict[str, str] | None = None
+    client: httpx.AsyncClient,
+    url: str,
+    req: BenchRequest,
+    headers: dict[str, str] | None = None,
+    schema: dict[str, Any] | None = None,
 ) -> RequestResult:
-    body = {
-        "input_ids": req.input_ids,
-        "stream": True,
-        "sampling_params": {"max_new_tokens": req.output_len, "temperature": 0, "ignore_eos": True},
-    }
+    params: dict[str, Any] = {"max_new_tokens": req.output_len, "temperature": 0}
+    if schema is None:
+        params["ignore_eos"] = True
+    else:
+        params["json_schema"] = json.dumps(schema)
+    body = {"input_ids": req.input_ids, "stream": True, "sampling_params": params}
     res = RequestResult(ok=False, prompt_tokens=len(req.input_ids))
     start = last = time.perf_counter()
     try:
@@ -153,6 +169,7 @@ async def send_one(
             meta = chunk["meta_info"]
             res.output_tokens = meta["completion_tokens"]
             res.cached_tokens = meta["cached_tokens"]
+            res.text = chunk.get("text", "")  # SGLang's native stream: the text so far
         res.latency = time.perf_counter() - start
         res.ok = res.output_tokens > 0
     except StreamRefused as exc:
@@ -163,24 +180,35 @@ async def send_one(
 
 
 async def send_one_openai(
-    client: httpx.AsyncClient, url: str, req: BenchRequest, model: str
+    client: httpx.AsyncClient,
+    url: str,
+    req: BenchRequest,
+    model: str,
+    schema: dict[str, Any] | None = None,
 ) -> RequestResult:
     """One streamed /v1/completions request; output tokens from the final usage chunk."""
-    body = {
+    body: dict[str, Any] = {
         "model": model,
         "prompt": req.input_ids,
         "max_tokens": req.output_len,
         "temperature": 0,
-        "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if schema is None:
+        body["ignore_eos"] = True
+    else:
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "bench", "schema": schema, "strict": True},
+        }
     res = RequestResult(ok=False, prompt_tokens=len(req.input_ids))
     start = last = time.perf_counter()
     try:
         async for chunk in sse_chunks(client, url + "/v1/completions", body):
             now = time.perf_counter()
             if chunk.get("choices") and chunk["choices"][0].get("text"):
+                res.text += chunk["choices"][0]["text"]
                 if res.ttft == 0.0:
                     res.ttft = now - start
                 else:
@@ -220,13 +248,14 @@ async def run_benchmark(
         timeout=httpx.Timeout(600.0), headers=headers, limits=httpx.Limits(max_connections=None)
     ) as client:
         model = await _model_name(client, args) if args.backend == "openai" else ""
+        schema = load_schema(args.json_schema)
 
         async def guarded(req: BenchRequest) -> RequestResult:
             async with limit:
                 if args.backend == "openai":
-                    out = await send_one_openai(client, args.base_url, req, model)
+                    out = await send_one_openai(client, args.base_url, req, model, schema)
                 else:
-                    out = await send_one(client, args.base_url, req)
+                    out = await send_one(client, args.base_url, req, schema=schema)
             bar.update()
             return out
 
@@ -252,7 +281,31 @@ def _pct(values: list[float], q: float) -> float:
     return s[min(int(q / 100 * len(s)), len(s) - 1)]
 
 
-def summarize(results: list[RequestResult], duration: float) -> dict[str, Any]:
+def load_schema(path: str | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    with open(path) as f:
+        schema: dict[str, Any] = json.load(f)
+    return schema
+
+
+def schema_valid(results: list[RequestResult], schema: dict[str, Any]) -> int:
+    """How many answers parse as JSON and validate against `schema`."""
+    import jsonschema  # dev dependency: only this mode needs it
+
+    valid = 0
+    for r in results:
+        try:
+            jsonschema.validate(json.loads(r.text), schema)
+        except (ValueError, jsonschema.ValidationError):
+            continue
+        valid += 1
+    return valid
+
+
+def summarize(
+    results: list[RequestResult], duration: float, schema: dict[str, Any] | None = None
+) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     n_in = sum(r.prompt_tokens for r in ok)
     n_out = sum(r.output_tokens for r in ok)
@@ -285,6 +338,7 @@ def summarize(results: list[RequestResult], duration: float) -> dict[str, Any]:
         "median_e2e_ms": _pct(e2e, 50),
         "p99_e2e_ms": _pct(e2e, 99),
         "cache_hit_rate": sum(r.cached_tokens for r in ok) / max(n_in, 1),
+        **({"schema_valid": schema_valid(ok, schema)} if schema is not None else {}),
         "errors": sorted({r.error for r in results if r.error})[:5],
     }
 
@@ -293,7 +347,7 @@ def run_serving(args: argparse.Namespace) -> int:
     reqs = build_requests(args)
     print(f"[bench] {len(reqs)} requests → {args.base_url}", file=sys.stderr, flush=True)
     results, duration = asyncio.run(run_benchmark(args, reqs))
-    summary = summarize(results, duration)
+    summary = summarize(results, duration, load_schema(args.json_schema))
     rows = [{"metric": k, "value": v} for k, v in summary.items() if k != "errors"]
     print_table("serving benchmark", rows, ["metric", "value"])
     if summary["errors"]:

@@ -89,10 +89,12 @@ class SamplingRequest(BaseModel):
     bootstrap_host: str | list[str] | None = None
     bootstrap_port: int | list[int | None] | None = None
     bootstrap_room: int | list[int] | None = None
-    # constrained decoding (SGLang's extras; response_format is chat's OpenAI form)
+    # constrained decoding: SGLang's extras, and OpenAI's response_format (taken on completions
+    # too, as SGLang and vLLM do)
     json_schema: str | dict[str, Any] | None = None
     regex: str | None = None
     ebnf: str | None = None
+    response_format: dict[str, Any] | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -144,7 +146,6 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool = True
-    response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     separate_reasoning: bool = True  # SGLang: reasoning_content apart (--reasoning-parser)
 

@@ -18,7 +18,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radixserve.engine.configs.cpu_features import cpu_flags
 from radixserve.engine.distributed import GroupHandle
 from radixserve.engine.layers import parallel_linear
 from radixserve.engine.layers.parallel_linear import (
@@ -29,7 +28,11 @@ from radixserve.engine.layers.parallel_linear import (
 )
 from radixserve.engine.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 from radixserve.kernels.cpu.amx_gemm import AmxWeight
-from radixserve.kernels.cpu.rowwise_gemm import RowwiseWeight, build_rowwise_gemm
+from radixserve.kernels.cpu.rowwise_gemm import (
+    RowwiseWeight,
+    build_rowwise_gemm,
+    load_rowwise_gemm,
+)
 from tests.kernels.amx import amx_gemm_or_none, amx_gemm_or_skip
 
 pytestmark = pytest.mark.skipif(
@@ -131,7 +134,7 @@ def test_smollm2_greedy_tokens_are_the_same_packed_and_unpacked() -> None:
 
     amx = amx_gemm_or_none() is not None  # where the CPU has AMX-BF16 it must build
     onednn = torch.Tensor if onednn_bf16_supported() else None  # AVX2-only: not packed
-    no_amx = RowwiseWeight if "avx512_bf16" in cpu_flags() else onednn
+    no_amx = RowwiseWeight if load_rowwise_gemm() is not None else onednn
     runs = {  # name: (flags, the packed layout every projection must have)
         "plain": ({"disable_weight_prepack": True}, None),
         "onednn": ({"disable_amx_gemm": True, "disable_rowwise_gemm": True}, onednn),

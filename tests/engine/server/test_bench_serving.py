@@ -1,16 +1,21 @@
 """`radixserve bench serving` against the live server through both clients: the native
-/generate stream and the OpenAI /v1/completions stream count the same tokens."""
+/generate stream and the OpenAI /v1/completions stream count the same tokens; with
+`--json-schema` both constrain every answer, and jsonschema (not our code) validates each."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+from pathlib import Path
 from typing import Any
+
+import jsonschema
 
 from radixserve.bench.serving import add_serving_parser, build_requests, run_benchmark, summarize
 
 
-def _args(base_url: str, backend: str) -> argparse.Namespace:
+def _args(base_url: str, backend: str, *extra: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_serving_parser(parser.add_subparsers())
     return parser.parse_args(
@@ -30,6 +35,7 @@ def _args(base_url: str, backend: str) -> argparse.Namespace:
             "5",
             "--random-range-ratio",
             "1",
+            *extra,
         ]
     )
 
@@ -47,3 +53,24 @@ def test_openai_and_native_backends_measure_the_same_tokens(server: Any) -> None
     # the second run sends the same prompts: the server reports them cached, and the OpenAI
     # client reads that from usage.prompt_tokens_details
     assert summaries["openai"]["cache_hit_rate"] > 0
+
+
+# No object: between a JSON object's tokens the grammar allows whitespace, which the 135M model
+# on random-token prompts may write until max_tokens (this server keeps xgrammar's default)
+SCHEMA = {"enum": ["yes", "no", "maybe"]}
+
+
+def test_json_schema_constrains_and_validates_every_answer(server: Any, tmp_path: Path) -> None:
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(SCHEMA))
+    for backend in ("radixserve", "openai"):
+        # room for the object (the last --random-output-len wins): it ends where the schema does
+        args = _args(
+            server.base_url, backend, "--random-output-len", "64", "--json-schema", str(path)
+        )
+        results, duration = asyncio.run(run_benchmark(args, build_requests(args)))
+        summary = summarize(results, duration, SCHEMA)
+        assert (summary["successful"], summary["schema_valid"]) == (3, 3), (backend, results)
+        for r in results:
+            jsonschema.validate(json.loads(r.text), SCHEMA)
+            assert r.output_tokens < 64  # ended by the grammar, not by max_tokens

@@ -137,6 +137,18 @@ def test_completions_take_sglang_grammar_fields(client: openai.OpenAI) -> None:
     assert out.choices[0].text in ("yes", "no")
 
 
+def test_completions_take_response_format(client: openai.OpenAI) -> None:
+    """As SGLang's and vLLM's /v1/completions do (it was ignored here before)."""
+    prompt, schema = SCHEMAS[0]
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+    out = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=300, temperature=0,
+        extra_body={"response_format": fmt},
+    )  # fmt: skip
+    assert out.choices[0].finish_reason == "stop"
+    assert schema_error(out.choices[0].text, schema) is None, out.choices[0].text
+
+
 BAD_GRAMMARS = [
     ("/generate", {"text": "x", "sampling_params": {"json_schema": '{"type": 5}'}}, "json_schema"),
     ("/generate", {"text": "x", "sampling_params": {"regex": "(a"}}, "regex"),
@@ -154,6 +166,8 @@ BAD_GRAMMARS = [
     ("/v1/chat/completions", {"response_format": {"type": "yaml"}}, "response_format.type"),
     ("/v1/chat/completions", {"regex": "[z-a]"}, "regex"),
     ("/v1/completions", {"json_schema": "nope"}, "json_schema"),
+    ("/v1/completions", {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "nope"}}}}, "response_format.json_schema.schema"),
 ]  # fmt: skip
 
 

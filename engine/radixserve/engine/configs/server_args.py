@@ -134,9 +134,9 @@ class ServerArgs:
         "CPU bf16: the projections of a CPU without AMX (row-invariant kernel, or oneDNN) "
         "even where the AMX kernel could run",
     )
-    # Where AMX does not run, CPUs with AVX512-BF16 pack for our row-invariant kernel
-    # (kernels/cpu/rowwise_gemm.cpp: a token's projection is the same bits in any batch, and
-    # it matched oneDNN's speed)
+    # Where AMX does not run, bf16 projections are packed for our row-invariant kernel
+    # (kernels/cpu/rowwise_gemm.cpp: a token's projection is the same bits in any batch, so a
+    # cached prompt gets the same answer; as fast as oneDNN or faster on AVX-512 CPUs)
     disable_rowwise_gemm: bool = option(
         False, "CPU bf16 without AMX: oneDNN projections, not our kernel"
     )

@@ -182,7 +182,8 @@ async def create_completion(request: Request) -> Response:
     options = OutputOptions(
         req.stream, want_lp, req.logprobs or 0, req.data_parallel_rank, _bootstrap(req)
     )
-    inputs = openai_inputs(prompts, req.sampling_params(max_tokens), state.limits, options)
+    params = {**req.sampling_params(max_tokens), **response_format_params(req.response_format)}
+    inputs = openai_inputs(prompts, params, state.limits, options)
     call = _Call(
         "text_completion",
         state.args.model_name,

@@ -19,7 +19,6 @@ from torch import nn
 
 from radixserve.engine.attention import AttentionBackend, create_attention_backend
 from radixserve.engine.attention.spec import AttentionSpec
-from radixserve.engine.configs.cpu_features import cpu_flags
 from radixserve.engine.configs.model_config import ModelConfig
 from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.distributed import ParallelGroups
@@ -152,10 +151,12 @@ def _projection_kernels(
     args: ServerArgs,
 ) -> tuple[AmxGemm | None, RowwiseGemm | None, RowwiseGemm | None]:
     """(AMX kernel, row-invariant kernel for the projections, for the LM head), each None
-    where not used. The row-invariant kernel takes what AMX does not on CPUs with AVX512-BF16,
-    where it matched oneDNN's speed (docs/determinism.md) and, unlike oneDNN, gives a token
-    the same bits whatever its batch; elsewhere oneDNN, unless deterministic inference needs
-    it. The LM head takes it wherever it builds (float32 logits without a float32 copy)."""
+    where not used. The row-invariant kernel takes what AMX does not wherever it builds: unlike
+    oneDNN (or F.linear) it gives a token the same bits whatever its batch, so a cached prompt
+    gets the same greedy answer (docs/determinism.md); with AVX512-BF16 it matched oneDNN's
+    speed, and on an AVX-512 CPU without BF16 it is 1.5-2.7x faster (docs/benchmarks.md).
+    `--disable-rowwise-gemm` keeps oneDNN, except for deterministic inference, which needs it.
+    The LM head takes it wherever it builds (float32 logits without a float32 copy)."""
     amx = None if args.disable_amx_gemm else load_amx_gemm()
     rowwise = load_rowwise_gemm()
     if args.enable_deterministic_inference and amx is None and rowwise is None:
@@ -163,8 +164,8 @@ def _projection_kernels(
             "enable_deterministic_inference: neither the AMX nor the row-invariant projection "
             "kernel could be built here (see the warnings above)"
         )
-    native = "avx512_bf16" in cpu_flags() and not args.disable_rowwise_gemm
-    projections = rowwise if args.enable_deterministic_inference or native else None
+    keep_onednn = args.disable_rowwise_gemm and not args.enable_deterministic_inference
+    projections = None if keep_onednn else rowwise
     return amx, projections, rowwise
 
 
