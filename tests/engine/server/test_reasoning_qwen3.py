@@ -24,11 +24,12 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.engine.server.live_server import LiveServer, live_server
 from tests.engine.server.thinking_qwen3 import ANSWER, REASONING, save_thinking_qwen3
 
-ASK = [{"role": "user", "content": "Hi there"}]
+ASK: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hi there"}]
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 THINKING = {"chat_template_kwargs": {"enable_thinking": True}}
 BYE = "Bye[.]"  # a regex the planted answer ("Hello! …") does not match

@@ -59,7 +59,7 @@ def save_thinking_qwen3(folder: Path, tokenizer_dir: Path) -> list[int]:
         head_dim=16,
         max_position_embeddings=1024,
         tie_word_embeddings=False,
-        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        bos_token_id=tokenizer.pad_token_id,  # <|endoftext|>, as in Qwen3's config
         eos_token_id=tokenizer.eos_token_id,
         dtype="bfloat16",
     )
