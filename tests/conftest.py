@@ -10,6 +10,7 @@ tests/child_env.py keeps it out of the engines and routers the tests start.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,19 @@ def smollm_source() -> Any:
         return resolve_model(SMOLLM)
     except ModelNotFoundError as exc:  # make test installs it; say so if it is missing
         pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer_dir() -> Path:
+    """Qwen3's real tokenizer.json and tokenizer_config.json (its chat template), which
+    `make install` fetches into the venv (scripts/fetch_qwen3_tokenizer.py)."""
+    folder = Path(sys.prefix) / "share" / "qwen3-tokenizer"
+    if not all((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        pytest.fail(
+            f"Qwen3's tokenizer is not in {folder}: run `make install` "
+            f"(or `{sys.executable} scripts/fetch_qwen3_tokenizer.py`)"
+        )
+    return folder
 
 
 @pytest.fixture(scope="session")

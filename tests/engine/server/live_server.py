@@ -39,16 +39,19 @@ def live_server(
     log_dir: str = "/tmp",
     env: dict[str, str] | None = None,
     kv_ports: int = 0,
+    model_path: str = "smollm2-135m",
 ) -> Iterator[LiveServer]:
     """Start the server, wait for /health, yield it, then SIGINT and wait (SIGKILL after 20 s).
 
     `env` adds variables to the server's environment (e.g. TMPDIR, where its ipc:// sockets go).
-    `kv_ports` > 0 turns KV events on, on a run of that many ports (2 per DP rank). Every port
-    the server binds is chosen here, so a server that finds one taken by another process
-    (between the choice and its bind, after loading its model) is started again on fresh ones.
+    `model_path` is the server's --model-path (an alias, or a checkpoint folder: an absolute
+    path, as the server runs in `log_dir`). `kv_ports` > 0 turns KV events on, on a run of that
+    many ports (2 per DP rank). Every port the server binds is chosen here, so a server that
+    finds one taken by another process (between the choice and its bind, after loading its
+    model) is started again on fresh ones.
     """
     for attempt in range(1, STARTS + 1):
-        server = _start(extra_args, log_dir, env, kv_ports)
+        server = _start(extra_args, log_dir, env, kv_ports, model_path)
         try:
             _wait_healthy(server)
         except LostPort:
@@ -67,7 +70,11 @@ def live_server(
 
 
 def _start(
-    extra_args: tuple[str, ...], log_dir: str, env: dict[str, str] | None, kv_ports: int
+    extra_args: tuple[str, ...],
+    log_dir: str,
+    env: dict[str, str] | None,
+    kv_ports: int,
+    model_path: str,
 ) -> LiveServer:
     port = free_port()
     kv_port = free_port_run(kv_ports) if kv_ports else None
@@ -76,7 +83,7 @@ def _start(
     # The console script, run outside the repo: `python -m` from the repo root would let the
     # top-level operator/ folder shadow the standard library's `operator`.
     exe = os.path.join(os.path.dirname(sys.executable), "radixserve")
-    cmd = [exe, "serve", "--port", str(port), "--model-path", "smollm2-135m"]
+    cmd = [exe, "serve", "--port", str(port), "--model-path", model_path]
     cmd += [*kv_args, *extra_args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(

@@ -5,13 +5,18 @@ text around the calls stays content, and `<think>` splits as the reasoning parse
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from radixserve.engine.entrypoints.chat_output import ChatOutputConfig, ChoiceOutput
 from radixserve.engine.entrypoints.function_call import plan_tools
-from radixserve.engine.entrypoints.reasoning import starts_in_reasoning
+from radixserve.engine.entrypoints.reasoning import (
+    starts_in_reasoning,
+    template_thinks_by_default,
+    thinks_first,
+)
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
@@ -110,3 +115,35 @@ def test_forced_calls_without_a_parser_use_the_json_array() -> None:
         '[{"name": "get_time", "parameters": {"tz": "UTC"}}]'
     )
     assert [c["function"]["name"] for c in msg["tool_calls"]] == ["get_time"]
+
+
+# Templates beside Qwen3's real one: no thinking switch, and a switch that is off by default.
+NO_SWITCH = "{% for m in messages %}{{ m.content }}{% endfor %}{{ '<|im_start|>assistant\\n' }}"
+OPT_IN = NO_SWITCH + "{% if enable_thinking is defined and enable_thinking %}<think>{% endif %}"
+
+
+def test_qwen3_template_thinks_by_default(qwen3_tokenizer_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir))
+    assert template_thinks_by_default(tokenizer)
+    for template in (NO_SWITCH, OPT_IN):
+        tokenizer.chat_template = template
+        assert not template_thinks_by_default(tokenizer)
+
+
+@pytest.mark.parametrize(
+    ("parser", "kwargs", "by_default", "thinks"),
+    [
+        ("qwen3", None, True, True),
+        ("qwen3", {"enable_thinking": False}, True, False),
+        ("qwen3", None, False, False),  # a template without the switch: not taken to think
+        ("qwen3", {"enable_thinking": True}, False, True),
+        ("deepseek-r1", {"enable_thinking": False}, False, True),
+        ("qwen3-thinking", None, False, True),
+    ],
+)
+def test_a_grammar_waits_for_the_reasoning(
+    parser: str, kwargs: dict[str, Any] | None, by_default: bool, thinks: bool
+) -> None:
+    assert thinks_first(parser, kwargs, by_default) is thinks

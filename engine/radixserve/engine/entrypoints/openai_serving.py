@@ -303,7 +303,11 @@ async def create_chat_completion(request: Request) -> Response:
         max_tokens = max(0, state.limits.context_len - len(ids) - 1)
     top = (req.top_logprobs or 0) if req.logprobs else 0
     parser, kwargs = args.reasoning_parser, req.chat_template_kwargs
-    thinks = parser is not None and req.separate_reasoning and thinks_first(parser, kwargs)
+    thinks = (
+        parser is not None
+        and req.separate_reasoning
+        and thinks_first(parser, kwargs, state.thinks_by_default)
+    )
     options = OutputOptions(
         req.stream, req.logprobs, top, req.data_parallel_rank, _bootstrap(req), thinks
     )

@@ -4,8 +4,8 @@ as `content`, streamed too (SGLang's detectors by name):
 - deepseek-r1: the answer always starts in reasoning (R1 often leaves out the opening tag);
   everything before `</think>` is reasoning;
 - qwen3: reasoning when the answer opens with `<think>` (the hybrid models write it when
-  thinking is on; with `chat_template_kwargs.enable_thinking` false the template closes the
-  block itself and the answer is all content);
+  thinking is on, their template's default; with `chat_template_kwargs.enable_thinking` false
+  the template closes the block itself and the answer is all content);
 - qwen3-thinking: always reasoning.
 
 An answer cut before `</think>` is all reasoning. The content after the tag starts at its
@@ -31,15 +31,38 @@ def starts_in_reasoning(parser: str) -> bool:
     return parser != "qwen3"
 
 
-def thinks_first(parser: str, template_kwargs: dict[str, Any] | None) -> bool:
+def thinks_first(
+    parser: str, template_kwargs: dict[str, Any] | None, thinks_by_default: bool = False
+) -> bool:
     """Whether the answer surely opens with reasoning, so that a grammar (response_format, a
     forced tool call) must constrain only what follows "</think>": deepseek-r1 and
-    qwen3-thinking always; qwen3 when the request turns thinking on explicitly
-    (`chat_template_kwargs.enable_thinking`), as a model that never thinks would otherwise
-    never be constrained."""
+    qwen3-thinking always; qwen3 when thinking is on for the request:
+    `chat_template_kwargs.enable_thinking` true, or left out where the chat template thinks by
+    default (`thinks_by_default`, Qwen3's hybrid template; SGLang reads it from the template
+    too). A template without that switch is not taken to think, as a model that never thinks
+    would otherwise never be constrained."""
     if parser == "qwen3":
-        return (template_kwargs or {}).get("enable_thinking") is True
+        enable = (template_kwargs or {}).get("enable_thinking")
+        return thinks_by_default if enable is None else enable is True
     return True
+
+
+def template_thinks_by_default(tokenizer: Any) -> bool:
+    """Whether the chat template has an `enable_thinking` switch that is on when left out: its
+    generation prompt without the switch is the one with it true, and not the one with it
+    false (where Qwen3's template writes an empty think block, so the model does not think)."""
+    probe = [{"role": "user", "content": "hi"}]
+
+    def render(**kwargs: Any) -> Any:
+        return tokenizer.apply_chat_template(
+            probe, tokenize=False, add_generation_prompt=True, **kwargs
+        )
+
+    try:
+        default, on, off = render(), render(enable_thinking=True), render(enable_thinking=False)
+    except Exception:  # a template that cannot render the probe: no switch we can read
+        return False
+    return bool(default == on != off)
 
 
 class ReasoningDetector:

@@ -24,6 +24,7 @@ from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.entrypoints.generation import collect
 from radixserve.engine.entrypoints.http_server import create_app
 from radixserve.engine.entrypoints.launch import ChildProcesses, launch_subprocesses
+from radixserve.engine.entrypoints.reasoning import template_thinks_by_default
 from radixserve.engine.entrypoints.request_builder import (
     OutputOptions,
     Prompt,
@@ -101,7 +102,8 @@ def build_state(
         load_balance_method=args.load_balance_method,
     )
     model_info = _model_info(args, tokenizer, info, files) | {"sampling_defaults": defaults}
-    return ServerState(args, tokenizer, tm, children, metrics, model_info, limits)
+    thinks = args.reasoning_parser is not None and template_thinks_by_default(tokenizer)
+    return ServerState(args, tokenizer, tm, children, metrics, model_info, limits, thinks)
 
 
 def _shut_down_on_failure(children: ChildProcesses, what: str) -> None:

@@ -22,6 +22,8 @@ class ServerState:
     metrics: EngineMetrics
     model_info: dict[str, Any]
     limits: ServerLimits
+    # --reasoning-parser: the chat template thinks unless told not to (reasoning.thinks_first)
+    thinks_by_default: bool = False
 
     def server_info(self) -> dict[str, Any]:
         a = self.args
