@@ -23,7 +23,11 @@
 # round, the order alternating (odd rounds vLLM first). Run it on an otherwise idle machine.
 #
 #   PEERS_DIR=/some/scratch [FAMILY=burst|closed|structured] scripts/bench_vs_vllm_cpu.sh [ROUNDS]  (8)
-#   extra flags for our server: OURS_FLAGS="--enable-mixed-chunk" ...
+#   extra flags for our server: OURS_FLAGS="--enable-mixed-chunk" ..., for vLLM: VLLM_FLAGS=...
+#   FAMILY=structured with JSON whitespace off on both sides (else the 135M model may write
+#   whitespace until max_tokens):
+#     OURS_FLAGS=--constrained-json-disable-any-whitespace \
+#     VLLM_FLAGS='--structured-outputs-config {"backend":"xgrammar","disable_any_whitespace":true}'
 #
 # Needs this checkout's `radixserve` on PATH (its venv active) and the peer installed by
 # scripts/peers/setup_vllm_cpu.sh. Writes bench-results/vs-vllm/round<N>-<server>-<workload>.json
@@ -105,7 +109,8 @@ workloads() {  # URL FILE_PREFIX
 }
 
 run_vllm() {  # ROUND
-    "$here/peers/start_vllm_cpu.sh" "$vllm_port"
+    # shellcheck disable=SC2086  # VLLM_FLAGS is a list of flags
+    "$here/peers/start_vllm_cpu.sh" "$vllm_port" ${VLLM_FLAGS:-}
     server_pgid=$(cat "$PEERS_DIR/vllm.pid")
     wait_ready "http://127.0.0.1:$vllm_port"
     workloads "http://127.0.0.1:$vllm_port" "$out/round$1-vllm"

@@ -88,7 +88,9 @@ def test_forced_calls_validate(client: openai.OpenAI, choice: Any, names: set[st
     # Parallel calls may go on until max_tokens (greedy SmolLM2 repeats its call): then the
     # complete ones count, and the one cut short is left out (non-stream) or dropped here.
     for temperature, parallel in ((0, False), (1.0, False), (1.0, True)):
+        # 100 tokens: room for two or three whole calls (~30 tokens each)
         kw = {"temperature": temperature, "parallel_tool_calls": parallel, "seed": 7}
+        kw["max_tokens"] = 100
         out = _create(client, tools=TOOLS, tool_choice=choice, **kw)
         msg, finish = out.choices[0].message, out.choices[0].finish_reason
         calls = [
@@ -142,7 +144,8 @@ def test_none_keeps_tools_out(client: openai.OpenAI) -> None:
 
 
 def test_two_turn_tool_conversation(client: openai.OpenAI) -> None:
-    first = _create(client, tools=TOOLS, tool_choice="required", temperature=0)
+    kw = {"tool_choice": "required", "parallel_tool_calls": False}  # one call: the turn ends
+    first = _create(client, tools=TOOLS, temperature=0, **kw)
     msg = first.choices[0].message
     call = msg.tool_calls[0]
     messages = [
