@@ -31,6 +31,8 @@ ENV = {
     "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "4",
     "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "4",
     "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "1",
+    # an aborted decode room keeps its pages this long for a write still under way (30 s)
+    "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT": "4",
 }
 BODY = {"text": "A request that meets a fault", "sampling_params": {"max_new_tokens": 8}}
 

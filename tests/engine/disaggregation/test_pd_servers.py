@@ -58,7 +58,9 @@ def colocated() -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="module")
 def pair() -> Iterator[Pair]:
-    with pd_pair() as p:
+    # An aborted decode room keeps its pages for a write still under way (30 s by default):
+    # shortened, so the abort test's "at rest" comes sooner; no test here writes late.
+    with pd_pair(env={"SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT": "4"}) as p:
         yield p
 
 

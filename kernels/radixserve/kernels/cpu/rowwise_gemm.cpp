@@ -15,8 +15,8 @@
 // weights. That is VDPBF16PS's operand: one instruction adds x[2p]·w[2p] and x[2p+1]·w[2p+1]
 // to 16 column sums. Each thread takes whole column blocks (one forward stream of weights);
 // rows go 8 at a time against each block, so a weight is read from memory once per call.
-// Without AVX512-BF16 the same pairs go through two float32 FMAs; without AVX-512, scalar
-// code in that order. Each build is invariant on its own; different builds differ in the last
+// Without AVX512-BF16 the same pairs go through two float32 FMAs; without AVX-512, AVX2 FMAs
+// 8 columns wide, or scalar code, in that order. Each build is invariant on its own; different builds differ in the last
 // bits (one binary is built per CPU, build.py).
 
 #include <omp.h>
@@ -27,7 +27,7 @@
 #include "scalar.h"
 #include "gemm_problem.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -102,6 +102,45 @@ void rows_block(const Problem& p, int64_t r0, int64_t nb) {
       _mm512_store_ps(sums, acc[b][i]);
       write_row(p, r0 + i, nb + b, sums);
     }
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
+
+// One half (8 columns) of a block: the pairs' odd elements, then their even ones, each a
+// float32 FMA, the scalar code's order.
+inline __m256 half_step(__m256 acc, __m256 xo, __m256 xe, __m256i w) {
+  const __m256 w_even = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  const __m256 w_odd = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(-65536)));
+  return _mm256_fmadd_ps(xe, w_even, _mm256_fmadd_ps(xo, w_odd, acc));
+}
+
+// AVX2: a block's 16 columns as two 8-wide halves; each row's accumulators see the pairs in K
+// order, as in the other builds.
+template <int R, int B = 1>
+void rows_block(const Problem& p, int64_t r0, int64_t nb) {
+  for (int b = 1; b < B; ++b) rows_block<R>(p, r0, nb + b);
+  const int64_t kp_n = pairs(p.k), full = p.k / 2;
+  const uint16_t* wb = p.wp + nb * kp_n * 2 * kCols;
+  __m256 lo[R], hi[R];
+  for (int i = 0; i < R; ++i) lo[i] = hi[i] = _mm256_setzero_ps();
+  for (int64_t kp = 0; kp < kp_n; ++kp) {
+    const uint16_t* w = wb + kp * 2 * kCols;
+    const __m256i w_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+    const __m256i w_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + kCols));
+    for (int i = 0; i < R; ++i) {
+      const uint32_t xp = x_pair(p, r0 + i, kp, kp == full);
+      const __m256 xo = _mm256_set1_ps(bf16_to_f32(static_cast<uint16_t>(xp >> 16)));
+      const __m256 xe = _mm256_set1_ps(bf16_to_f32(static_cast<uint16_t>(xp)));
+      lo[i] = half_step(lo[i], xo, xe, w_lo);
+      hi[i] = half_step(hi[i], xo, xe, w_hi);
+    }
+  }
+  alignas(32) float sums[kCols];
+  for (int i = 0; i < R; ++i) {
+    _mm256_store_ps(sums, lo[i]);
+    _mm256_store_ps(sums + 8, hi[i]);
+    write_row(p, r0 + i, nb, sums);
+  }
 }
 
 #else
