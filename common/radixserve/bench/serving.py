@@ -291,7 +291,7 @@ def load_schema(path: str | None) -> dict[str, Any] | None:
 
 def schema_valid(results: list[RequestResult], schema: dict[str, Any]) -> int:
     """How many answers parse as JSON and validate against `schema`."""
-    import jsonschema  # dev dependency: only this mode needs it
+    import jsonschema  # type: ignore[import-untyped]  # dev dependency: only this mode needs it
 
     valid = 0
     for r in results:
