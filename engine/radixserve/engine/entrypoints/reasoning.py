@@ -8,8 +8,9 @@ as `content`, streamed too (SGLang's detectors by name):
   the template closes the block itself and the answer is all content);
 - qwen3-thinking: always reasoning.
 
-An answer cut before `</think>` is all reasoning. The content after the tag starts at its
-first non-blank character. Text that may be the start of a tag is held back. Main process.
+An answer cut before `</think>` is all reasoning. Both parts are kept as written, the blank
+lines after `</think>` included (SGLang 0.5.23's detectors and vLLM's parsers do the same).
+Text that may be the start of a tag is held back. Main process.
 """
 
 from __future__ import annotations
@@ -69,7 +70,6 @@ class ReasoningDetector:
     def __init__(self, in_reasoning: bool) -> None:
         self.in_reasoning = in_reasoning
         self.at_start = True  # nothing emitted yet: an opening tag may still come
-        self.after_end = False  # strip the blank run right after </think>
         self.buffer = ""
 
     def feed(self, text: str) -> ReasoningSplit:
@@ -89,13 +89,13 @@ class ReasoningDetector:
         text, self.buffer = self.buffer, ""
         if self.in_reasoning:
             return ReasoningSplit(reasoning=text)
-        return ReasoningSplit(content=text.lstrip() if self.after_end else text)
+        return ReasoningSplit(content=text)
 
     def _reasoning(self) -> ReasoningSplit:
         at = self.buffer.find(END)
         if at >= 0:
             reasoning, self.buffer = self.buffer[:at], self.buffer[at + len(END) :]
-            self.in_reasoning, self.after_end = False, True
+            self.in_reasoning = False
             return ReasoningSplit(reasoning, self._content())
         keep = _partial_suffix(self.buffer, END)
         cut = len(self.buffer) - keep
@@ -103,11 +103,6 @@ class ReasoningDetector:
         return ReasoningSplit(reasoning=reasoning)
 
     def _content(self) -> str:
-        if self.after_end:
-            self.buffer = self.buffer.lstrip()
-            if not self.buffer:
-                return ""  # still blank: the content has not started
-            self.after_end = False
         text, self.buffer = self.buffer, ""
         return text
 
