@@ -237,8 +237,10 @@ async def _model_name(client: httpx.AsyncClient, args: argparse.Namespace) -> st
 
 
 async def run_benchmark(
-    args: argparse.Namespace, reqs: list[BenchRequest]
+    args: argparse.Namespace, reqs: list[BenchRequest], schema: dict[str, Any] | None = None
 ) -> tuple[list[RequestResult], float]:
+    """Send `reqs`, each constrained to `schema` where given (`load_schema(args.json_schema)`:
+    read once by the caller, which also validates the answers against it)."""
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     limit = asyncio.Semaphore(args.max_concurrency or len(reqs))
     rng = random.Random(args.seed)
@@ -248,7 +250,6 @@ async def run_benchmark(
         timeout=httpx.Timeout(600.0), headers=headers, limits=httpx.Limits(max_connections=None)
     ) as client:
         model = await _model_name(client, args) if args.backend == "openai" else ""
-        schema = load_schema(args.json_schema)
 
         async def guarded(req: BenchRequest) -> RequestResult:
             async with limit:
@@ -346,8 +347,9 @@ def summarize(
 def run_serving(args: argparse.Namespace) -> int:
     reqs = build_requests(args)
     print(f"[bench] {len(reqs)} requests → {args.base_url}", file=sys.stderr, flush=True)
-    results, duration = asyncio.run(run_benchmark(args, reqs))
-    summary = summarize(results, duration, load_schema(args.json_schema))
+    schema = load_schema(args.json_schema)
+    results, duration = asyncio.run(run_benchmark(args, reqs, schema))
+    summary = summarize(results, duration, schema)
     rows = [{"metric": k, "value": v} for k, v in summary.items() if k != "errors"]
     print_table("serving benchmark", rows, ["metric", "value"])
     if summary["errors"]:

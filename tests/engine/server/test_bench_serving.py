@@ -12,7 +12,13 @@ from typing import Any
 
 import jsonschema
 
-from radixserve.bench.serving import add_serving_parser, build_requests, run_benchmark, summarize
+from radixserve.bench.serving import (
+    add_serving_parser,
+    build_requests,
+    load_schema,
+    run_benchmark,
+    summarize,
+)
 
 
 def _args(base_url: str, backend: str, *extra: str) -> argparse.Namespace:
@@ -68,8 +74,10 @@ def test_json_schema_constrains_and_validates_every_answer(server: Any, tmp_path
         args = _args(
             server.base_url, backend, "--random-output-len", "64", "--json-schema", str(path)
         )
-        results, duration = asyncio.run(run_benchmark(args, build_requests(args)))
-        summary = summarize(results, duration, SCHEMA)
+        schema = load_schema(args.json_schema)
+        assert schema == SCHEMA
+        results, duration = asyncio.run(run_benchmark(args, build_requests(args), schema))
+        summary = summarize(results, duration, schema)
         assert (summary["successful"], summary["schema_valid"]) == (3, 3), (backend, results)
         for r in results:
             jsonschema.validate(json.loads(r.text), SCHEMA)
