@@ -23,9 +23,11 @@ import torch
 from tests.engine.models.tiny import (
     DEEPSEEK_KINDS,
     EngineBatch,
+    Tiny,
     hf_last_logits,
     random_prompts,
     save_tiny,
+    tiny_models,
 )
 
 TOL = {"atol": 1e-4, "rtol": 1e-4}
@@ -34,34 +36,15 @@ KINDS = list(DEEPSEEK_KINDS)
 LAYOUTS = [("torch", 1), ("grouped", 1), ("torch", 16), ("grouped", 16)]
 
 
-class Tiny:
-    def __init__(self, hf: Any, engine: Any, folder: Path) -> None:
-        self.hf, self.engine, self.folder = hf, engine, folder
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Tiny]]:
     """Each kind saved and loaded once per module (torch backend, page 1)."""
-    from radixserve.engine import EngineCore
 
-    built: dict[str, Tiny] = {}
+    def save(kind: str, folder: Path) -> Any:
+        return save_tiny(kind, folder, seed=40 + KINDS.index(kind))
 
-    def get(kind: str) -> Tiny:
-        if kind not in built:
-            folder = tmp_path_factory.mktemp(kind)
-            hf = save_tiny(kind, folder, seed=40 + KINDS.index(kind))
-            engine = EngineCore(
-                model_path=str(folder),
-                max_total_tokens=2048,
-                dtype="float32",
-                attention_backend="torch",
-            )
-            built[kind] = Tiny(hf, engine, folder)
-        return built[kind]
-
-    yield get
-    for t in built.values():
-        t.engine.shutdown()
+    with tiny_models(tmp_path_factory, save, attention_backend="torch") as get:
+        yield get
 
 
 def _engine(t: Tiny, backend: str, page: int) -> Any:

@@ -22,9 +22,11 @@ from radixserve.engine.models.llama import LlamaMLP
 from tests.engine.models.tiny import (
     MOE_KINDS,
     EngineBatch,
+    Tiny,
     hf_last_logits,
     random_prompts,
     save_tiny,
+    tiny_models,
 )
 
 TOL = {"atol": 1e-4, "rtol": 1e-4}
@@ -32,29 +34,15 @@ LENGTHS = (3, 17, 40, 9, 100)
 KINDS = list(MOE_KINDS)
 
 
-class Tiny:
-    def __init__(self, hf: Any, engine: Any, folder: Path) -> None:
-        self.hf, self.engine, self.folder = hf, engine, folder
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Tiny]]:
     """Build each MoE kind once per module, on first use."""
-    from radixserve.engine import EngineCore
 
-    built: dict[str, Tiny] = {}
+    def save(kind: str, folder: Path) -> Any:
+        return save_tiny(kind, folder, seed=10 + KINDS.index(kind))
 
-    def get(kind: str) -> Tiny:
-        if kind not in built:
-            folder = tmp_path_factory.mktemp(kind)
-            hf = save_tiny(kind, folder, seed=10 + KINDS.index(kind))
-            engine = EngineCore(model_path=str(folder), max_total_tokens=2048, dtype="float32")
-            built[kind] = Tiny(hf, engine, folder)
-        return built[kind]
-
-    yield get
-    for t in built.values():
-        t.engine.shutdown()
+    with tiny_models(tmp_path_factory, save) as get:
+        yield get
 
 
 def _max_diff(ours: torch.Tensor, ref: torch.Tensor) -> float:

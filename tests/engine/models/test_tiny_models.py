@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,9 +19,11 @@ import torch
 from tests.engine.models.tiny import (
     MAX_POS,
     EngineBatch,
+    Tiny,
     hf_last_logits,
     random_prompts,
     save_tiny,
+    tiny_models,
 )
 
 TOL = {"atol": 1e-4, "rtol": 1e-4}
@@ -54,30 +57,16 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-class Tiny:
-    def __init__(self, hf: Any, engine: Any, folder: Any) -> None:
-        self.hf, self.engine, self.folder = hf, engine, folder
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Tiny]]:
     """Build each case once per module, on first use."""
-    from radixserve.engine import EngineCore as Engine
 
-    built: dict[str, Tiny] = {}
+    def save(name: str, folder: Path) -> Any:
+        kind, overrides = CASES[name]
+        return save_tiny(kind, folder, seed=list(CASES).index(name), **overrides)
 
-    def get(name: str) -> Tiny:
-        if name not in built:
-            kind, overrides = CASES[name]
-            folder = tmp_path_factory.mktemp(name)
-            hf = save_tiny(kind, folder, seed=list(CASES).index(name), **overrides)
-            engine = Engine(model_path=str(folder), max_total_tokens=2048, dtype="float32")
-            built[name] = Tiny(hf, engine, folder)
-        return built[name]
-
-    yield get
-    for t in built.values():
-        t.engine.shutdown()
+    with tiny_models(tmp_path_factory, save) as get:
+        yield get
 
 
 def _max_diff(ours: torch.Tensor, ref: torch.Tensor) -> float:

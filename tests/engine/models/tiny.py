@@ -10,6 +10,9 @@ the raw next-token logits instead of sampling.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +206,40 @@ class EngineBatch:
         """Give the KV slots and pool rows back so the engine can be reused."""
         for req in self.reqs:
             self.engine.scheduler.tree_cache.cache_finished_req(req)
+
+
+@dataclass(frozen=True)
+class Tiny:
+    """A saved tiny checkpoint: transformers' model on it, our engine on it, and its folder."""
+
+    hf: Any
+    engine: Any
+    folder: Path
+
+
+@contextmanager
+def tiny_models(
+    tmp_path_factory: Any, save: Callable[[str, Path], Any], **engine_args: Any
+) -> Iterator[Callable[[str], Tiny]]:
+    """`get(name)`: the checkpoint `save(name, folder)` writes (returning transformers' model),
+    saved and loaded by a float32 EngineCore once, on first use; every engine shut down at the
+    end (for the tests' module-scoped `tiny` fixtures)."""
+    from radixserve.engine import EngineCore
+
+    built: dict[str, Tiny] = {}
+
+    def get(name: str) -> Tiny:
+        if name not in built:
+            folder = tmp_path_factory.mktemp(name)
+            hf = save(name, folder)
+            engine = EngineCore(
+                model_path=str(folder), max_total_tokens=2048, dtype="float32", **engine_args
+            )
+            built[name] = Tiny(hf, engine, folder)
+        return built[name]
+
+    try:
+        yield get
+    finally:
+        for t in built.values():
+            t.engine.shutdown()
