@@ -19,6 +19,15 @@
 # /v1/completions; answers end where the schema does, each validated with jsonschema):
 #   plain-c1 / json-c1   1 in flight, 256-token prompts (4 requests), 96 tokens / up to 256
 #   plain-c8 / json-c8   8 in flight, 256-token prompts (32 requests), the same
+# FAMILY=long measures long prompts (issue 34): random prompts of 2,048, 4,096 and 8,064 tokens
+# (with 64 output tokens under SmolLM2's 8,192 positions: SGLang, and so we, refuse prompt +
+# max_tokens >= the context), at 1 in flight (LONG_C1 prompts, default 2) and 4 in flight
+# (LONG_C4, default 4), each through our client and vLLM's (scripts/peers/vllm_bench_client.sh;
+# LONG_CLIENTS="ours vllm" by default):
+#   <client>-L<len>-c<in flight>, e.g. vllm-L8064-c4
+# Each workload draws its prompts from its own seed: with one seed the 4,096-token prompt
+# would begin with the 2,048-token one and be served half from the prefix cache.
+# vLLM takes --max-model-len 8192 for it (VLLM_FLAGS may override).
 # One server at a time (two servers on the same cores measure neither), each started fresh per
 # round, the order alternating (odd rounds vLLM first). Run it on an otherwise idle machine.
 #
@@ -93,8 +102,32 @@ structured_family() {  # URL FILE_PREFIX
     done
 }
 
-workloads() {  # URL FILE_PREFIX
+long_family() {  # URL FILE_PREFIX MODEL
+    local url=$1 prefix=$2 model=$3 len c n client seed
+    for len in 2048 4096 8064; do
+        for c in 1 4; do
+            n=$((c == 1 ? ${LONG_C1:-2} : ${LONG_C4:-4}))
+            seed=$((len + c))
+            for client in ${LONG_CLIENTS:-ours vllm}; do
+                local file="$prefix-$client-L$len-c$c.json"
+                if [[ $client == ours ]]; then
+                    radixserve bench serving --backend openai --base-url "$url" \
+                        --dataset-name random --random-range-ratio 1 --random-input-len "$len" \
+                        --random-output-len 64 --max-concurrency $c --num-prompts $n \
+                        --seed $seed --output-file "$file"
+                else
+                    "$here/peers/vllm_bench_client.sh" "$url" "$model" "$file" \
+                        --dataset-name random --random-input-len "$len" --random-output-len 64 \
+                        --max-concurrency $c --num-prompts $n --seed $seed >/dev/null
+                fi
+            done
+        done
+    done
+}
+
+workloads() {  # URL FILE_PREFIX MODEL
     local url=$1 prefix=$2
+    if [[ $family == long ]]; then long_family "$url" "$prefix" "$3"; return; fi
     if [[ $family == closed ]]; then closed_family "$url" "$prefix"; return; fi
     if [[ $family == structured ]]; then structured_family "$url" "$prefix"; return; fi
     local b=(--dataset-name generated-shared-prefix --gsp-num-groups 1 --gsp-prompts-per-group 32
@@ -109,11 +142,13 @@ workloads() {  # URL FILE_PREFIX
 }
 
 run_vllm() {  # ROUND
-    # shellcheck disable=SC2086  # VLLM_FLAGS is a list of flags
-    "$here/peers/start_vllm_cpu.sh" "$vllm_port" ${VLLM_FLAGS:-}
+    local flags=${VLLM_FLAGS:-}
+    [[ $family == long ]] && flags="--max-model-len 8192 $flags"
+    # shellcheck disable=SC2086  # a list of flags
+    "$here/peers/start_vllm_cpu.sh" "$vllm_port" $flags
     server_pgid=$(cat "$PEERS_DIR/vllm.pid")
     wait_ready "http://127.0.0.1:$vllm_port"
-    workloads "http://127.0.0.1:$vllm_port" "$out/round$1-vllm"
+    workloads "http://127.0.0.1:$vllm_port" "$out/round$1-vllm" smollm2
     stop_server
 }
 
@@ -123,7 +158,7 @@ run_ours() {  # ROUND
     setsid radixserve serve --port "$ours_port" ${OURS_FLAGS:-} >"$out/round$1-radixserve.log" 2>&1 &
     server_pgid=$!
     wait_ready "http://127.0.0.1:$ours_port"
-    workloads "http://127.0.0.1:$ours_port" "$out/round$1-radixserve"
+    workloads "http://127.0.0.1:$ours_port" "$out/round$1-radixserve" smollm2-135m
     stop_server
 }
 
@@ -137,7 +172,7 @@ import sys
 from pathlib import Path
 
 out, rounds, family = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-if family in ("closed", "structured"):
+if family in ("closed", "structured", "long"):
     names = sorted({p.name.split("-", 2)[2].removesuffix(".json") for p in out.glob("round1-vllm-*.json")})
     keys = ["output_throughput", "mean_tpot_ms", "mean_ttft_ms"]
     keys += ["output_tokens", "schema_valid"] if family == "structured" else []
@@ -149,7 +184,9 @@ else:
 
 def value(r: int, server: str, workload: str, key: str) -> float:
     path = out / f"round{r}-{server}-{workload}.json"
-    return float(json.loads(path.read_text())["results"].get(key, "nan"))  # plain: no schema_valid
+    data = json.loads(path.read_text())
+    # ours nests its numbers under "results", vLLM's client does not; plain: no schema_valid
+    return float(data.get("results", data).get(key, "nan"))
 
 
 print("workload metric | " + " | ".join(f"r{r} vLLM / ours" for r in range(1, rounds + 1))
