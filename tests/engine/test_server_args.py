@@ -43,6 +43,33 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"constrained_json_max_whitespace_cnt": 0}, "constrained_json_max_whitespace_cnt"),
     ({"tool_call_parser": "gpt-9"}, "tool_call_parser"),
     ({"reasoning_parser": "think"}, "reasoning_parser"),
+    ({"hicache_ratio": 0.0}, "hicache_ratio"),
+    ({"hicache_size": -1.0}, "hicache_size"),
+    ({"hicache_write_policy": "write_around"}, "hicache_write_policy"),
+    ({"hicache_storage_backend": "hf3fs"}, "hicache_storage_backend"),
+    (
+        {"enable_hierarchical_cache": True, "disable_radix_cache": True},
+        "enable_hierarchical_cache",
+    ),
+    (
+        {"enable_hierarchical_cache": True, "disaggregation_mode": "decode"},
+        "enable_hierarchical_cache",
+    ),
+    (
+        {"enable_hierarchical_cache": True, "hicache_storage_backend_extra_config": "{oops"},
+        "hicache_storage_backend_extra_config",
+    ),
+    (
+        {"enable_hierarchical_cache": True, "hicache_storage_backend_extra_config": '{"x": 1}'},
+        "hicache_storage_backend_extra_config",
+    ),
+    (
+        {
+            "enable_hierarchical_cache": True,
+            "hicache_storage_backend_extra_config": '{"file_storage_max_size_gb": 0}',
+        },
+        "hicache_storage_backend_extra_config",
+    ),
 ]
 
 

@@ -6,6 +6,7 @@ name the field, then passed down; lower layers receive only the slices they need
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -31,7 +32,10 @@ A2A_BACKENDS = ("none", "all_to_all")  # --moe-a2a-backend (layers.moe.ep_moe_fo
 LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue")  # tokenizer.data_parallel_controller
 DISAGGREGATION_MODES = ("null", "prefill", "decode")  # SGLang's --disaggregation-mode
 TRANSFER_BACKENDS = ("mooncake", "nixl", "fake")  # disaggregation.transfer
-GRAMMAR_BACKENDS = ("xgrammar", "none")  # constrained.create_grammar_backend
+GRAMMAR_BACKENDS = ("xgrammar", "none")
+# HiCache (mem_cache/hiradix_cache.py, docs/hicache.md): SGLang's flag names and choices
+HICACHE_WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+HICACHE_STORAGE_BACKENDS = ("file",)  # constrained.create_grammar_backend
 # SGLang's parser names (entrypoints/tool_calls, entrypoints/reasoning): checked here too, as
 # configs may not import the entrypoints
 TOOL_CALL_PARSERS = ("hermes", "qwen25", "qwen", "llama3", "mistral", "pythonic")
@@ -203,6 +207,32 @@ class ServerArgs:
         False,
         "decode: keep a radix cache, so the prefill sends only the pages the decode lacks",
     )
+    # HiCache (docs/hicache.md)
+    enable_hierarchical_cache: bool = option(
+        False,
+        "keep prefixes evicted from the KV pool in a host-memory tier (and a storage tier) and "
+        "load them back on a match, instead of recomputing them",
+    )
+    hicache_ratio: float = option(2.0, "host tier size as a multiple of the KV pool")
+    hicache_size: float = option(
+        0.0, "host tier size in GB per rank (overrides --hicache-ratio when > 0)"
+    )
+    hicache_write_policy: str = option(
+        "write_through",
+        "when KV is copied to the host tier: on insert (write_through), on the second hit "
+        "(write_through_selective), or on eviction (write_back)",
+        choices=HICACHE_WRITE_POLICIES,
+    )
+    hicache_storage_backend: str | None = option(
+        None,
+        "a storage tier under the host tier, shared by replicas: file",
+        choices=HICACHE_STORAGE_BACKENDS,
+    )
+    hicache_storage_backend_extra_config: str | None = option(
+        None,
+        'JSON for the storage backend; file: {"file_storage_path": "/tmp/hicache", '
+        '"file_storage_max_size_gb": 10}',
+    )
     # structured outputs (docs/structured_outputs.md)
     grammar_backend: str = option(
         "xgrammar",
@@ -331,6 +361,7 @@ class ServerArgs:
         )
         self._check_parallelism()
         self._check_disaggregation()
+        self._check_hicache()
         chunk = self.chunked_prefill_size
         _check(
             chunk is None or chunk == -1 or chunk >= self.page_size,
@@ -368,6 +399,43 @@ class ServerArgs:
             name,
             f"runs in bfloat16 (the packed kernels' dtype), got {self.resolved_dtype}",
         )
+
+    def _check_hicache(self) -> None:
+        _check(self.hicache_ratio > 0, "hicache_ratio", f"must be > 0, got {self.hicache_ratio}")
+        _check(self.hicache_size >= 0, "hicache_size", f"must be ≥ 0, got {self.hicache_size}")
+        if not self.enable_hierarchical_cache:
+            return
+        name = "enable_hierarchical_cache"
+        _check(not self.disable_radix_cache, name, "needs the radix cache (--disable-radix-cache)")
+        _check(
+            self.disaggregation_mode != "decode" or self.disaggregation_decode_enable_radix_cache,
+            name,
+            "a decode server keeps no radix cache unless "
+            "--disaggregation-decode-enable-radix-cache",
+        )
+        self.hicache_storage_options()  # a malformed extra config fails at start-up
+
+    def hicache_storage_options(self) -> dict[str, Any]:
+        """--hicache-storage-backend-extra-config, parsed and checked (defaults filled)."""
+        name = "hicache_storage_backend_extra_config"
+        raw = self.hicache_storage_backend_extra_config
+        try:
+            given = json.loads(raw) if raw else {}
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{name}: not JSON ({exc})") from None
+        _check(isinstance(given, dict), name, "must be a JSON object")
+        known = {"file_storage_path": "/tmp/hicache", "file_storage_max_size_gb": 10.0}
+        unknown = sorted(set(given) - set(known))
+        _check(not unknown, name, f"unknown keys {unknown}; known: {sorted(known)}")
+        options = {**known, **given}
+        size = options["file_storage_max_size_gb"]
+        _check(
+            isinstance(size, int | float) and size > 0,
+            name,
+            f"file_storage_max_size_gb must be a number > 0, got {size!r}",
+        )
+        _check(isinstance(options["file_storage_path"], str), name, "file_storage_path: a path")
+        return options
 
     def _check_disaggregation(self) -> None:
         if self.disaggregation_mode == "null":

@@ -94,6 +94,23 @@ class FlushCacheOutput(_Msg, frozen=True):
     message: str = ""
 
 
+class HiCacheLoad(_Msg, frozen=True):
+    """HiCache's counters (since start) and levels of one DP rank (mem_cache/hiradix_cache)."""
+
+    device_hit_tokens: int
+    host_hit_tokens: int
+    storage_hit_tokens: int
+    load_back_tokens: int
+    load_back_bytes: int
+    load_back_seconds: float
+    backup_tokens: int
+    dropped_tokens: int
+    host_used_tokens: int
+    host_total_tokens: int
+    storage_pending_writes: int = 0
+    storage_used_bytes: int = 0
+
+
 class LoadOutput(_Msg, frozen=True):
     dp_rank: int
     num_running_reqs: int
@@ -113,6 +130,7 @@ class LoadOutput(_Msg, frozen=True):
     kv_transfers_total: int = 0  # rooms concluded with every page moved
     kv_transfer_failed_total: int = 0
     bootstrap_failed_total: int = 0  # rooms refused or lost at bootstrap
+    hicache: HiCacheLoad | None = None  # --enable-hierarchical-cache only
 
 
 class StateOutput(_Msg, frozen=True):

@@ -97,6 +97,9 @@ class BasePrefixCache(ABC):
     def protected_size(self) -> int:
         return 0
 
+    def close(self) -> None:  # noqa: B027 - only caches with threads or files have work here
+        """Stop background work (HiCache's storage writer); the cache is not used after."""
+
     @abstractmethod
     def reset(self) -> None:
         """Drop everything cached (the caller clears the pools)."""

@@ -50,6 +50,7 @@ class RadixCache(BasePrefixCache):
         self.eviction_policy = eviction_policy
         eviction_key(eviction_policy, TreeNode(0))  # fail fast on an unknown policy name
         self.enable_events = enable_events
+        self.track_digests = enable_events  # page hashes: for events (and a storage tier's keys)
         self._ids = itertools.count(1)
         self.events: list[KVCacheEvent] = []
         self.reset()
@@ -189,8 +190,9 @@ class RadixCache(BasePrefixCache):
         leaf = TreeNode(next(self._ids), parent=parent, key=list(key), value=value)
         parent.children[self._child_key(key)] = leaf
         self._evictable += len(key)
-        if self.enable_events:  # hashes exist only for the event stream: none without it
+        if self.track_digests:  # hashes exist only for events and storage keys: none without
             leaf.page_digests = hash_pages(leaf.key, self.page_size, parent.last_digest())
+        if self.enable_events:
             self._record_stored(leaf)
 
     def _split_node(self, child: TreeNode, n: int) -> TreeNode:
@@ -278,14 +280,16 @@ class RadixCache(BasePrefixCache):
             stack.extend(node.children.values())
         return out
 
-    def _record_stored(self, leaf: TreeNode) -> None:
+    def _record_stored(self, leaf: TreeNode, medium: str | None = None) -> None:
         assert leaf.parent is not None
         parent_digest = leaf.parent.last_digest()
         ps = self.page_size
         for i, digest in enumerate(leaf.page_digests):
             parent_hash = digest_to_int64(parent_digest) if parent_digest is not None else None
             tokens = leaf.key[i * ps : (i + 1) * ps]
-            self.events.append(BlockStored([digest_to_int64(digest)], parent_hash, tokens, ps))
+            self.events.append(
+                BlockStored([digest_to_int64(digest)], parent_hash, tokens, ps, medium=medium)
+            )
             parent_digest = digest
 
     # ---- request hand-over --------------------------------------------------------------------

@@ -138,6 +138,8 @@ class PrefillAdder:
         if truncated and trunc <= 0:
             return AddReqResult.OTHER
         self._claim_prefix(req)
+        # A HiCache match loads host pages back: the extend may be shorter than the peek said.
+        truncated = chunk is not None and _ceil_page(req.extend_input_len, self.page_size) > chunk
         self.can_run_list.append(req)
         if not truncated:
             self._update_budget(req.extend_input_len, max_new)

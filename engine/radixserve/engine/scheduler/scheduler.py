@@ -21,7 +21,6 @@ from radixserve.engine.forward_batch import DpAttentionMeta, ForwardMode
 from radixserve.engine.ipc.finish_reason import FinishAbort, FinishReason
 from radixserve.engine.ipc.messages import LoadOutput, StateOutput
 from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache
-from radixserve.engine.mem_cache.chunk_cache import ChunkCache
 from radixserve.engine.mem_cache.radix_cache import RadixCache
 from radixserve.engine.model_executor.model_runner import ModelRunner
 from radixserve.engine.model_executor.model_worker import GenerationBatch, ModelWorker
@@ -38,6 +37,7 @@ from radixserve.engine.scheduler.req import Req
 from radixserve.engine.scheduler.retraction import NewTokenRatio, retract_decode
 from radixserve.engine.scheduler.schedule_batch import KVContext, ScheduleBatch
 from radixserve.engine.scheduler.schedule_policy import SchedulePolicy
+from radixserve.engine.scheduler.tree_cache_setup import hicache_load, make_tree_cache
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class Scheduler:
     ) -> None:
         self.args = args
         self.runner = runner
-        tree_cache = self._make_tree_cache(args, runner)
+        tree_cache = make_tree_cache(args, runner)
         self.kv = KVContext(
             runner.req_to_token_pool, runner.token_to_kv_pool, runner.allocator, tree_cache
         )
@@ -84,23 +84,6 @@ class Scheduler:
         self.pd: PrefillDisagg | DecodeDisagg | None = make_disagg(self, args, runner)
         # constrained requests wait here until their grammar compiled
         self.grammars = GrammarQueue(grammar_backend, runner.groups.attn_cpu)
-
-    @staticmethod
-    def _make_tree_cache(args: ServerArgs, runner: ModelRunner) -> BasePrefixCache:
-        # SGLang's decode keeps no radix cache unless asked (the prefill caches prompts)
-        decode_without_tree = (
-            args.disaggregation_mode == "decode"
-            and not args.disaggregation_decode_enable_radix_cache
-        )
-        if args.disable_radix_cache or decode_without_tree:
-            return ChunkCache(runner.req_to_token_pool, runner.allocator)
-        return RadixCache(
-            runner.req_to_token_pool,
-            runner.allocator,
-            args.page_size,
-            args.radix_eviction_policy,
-            args.kv_events_port is not None,  # this rank publishes: record events
-        )
 
     @property
     def tree_cache(self) -> BasePrefixCache:
@@ -432,6 +415,7 @@ class Scheduler:
         if self.pd is not None:
             self.pd.close()
             self.pd = None
+        self.tree_cache.close()
         if self.grammars.backend is not None:
             self.grammars.backend.shutdown()
         self.pins.release_all()
@@ -491,6 +475,7 @@ class Scheduler:
             num_used_tokens=used + queued,
             max_total_num_tokens=self.max_total_tokens,
             token_usage=used / self.max_total_tokens,
+            hicache=hicache_load(self.tree_cache),
             **(self.pd.load_fields() if self.pd is not None else {}),  # type: ignore[arg-type]
         )
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from radixserve.engine.ipc.messages import LoadOutput
+from radixserve.engine.tokenizer.hicache_metrics import HiCacheCollector
 from radixserve.engine.tokenizer.pd_metrics import PDCollector
 
 P = "radixserve:"
@@ -43,6 +44,8 @@ class EngineMetrics:
         self.pd = PDCollector(model_name) if disaggregation else None
         if self.pd is not None:
             reg.register(self.pd)
+        self.hicache = HiCacheCollector(model_name)  # silent unless a rank runs HiCache
+        reg.register(self.hicache)
         labels = ["model_name"]
         self.labels = {"model_name": model_name}
 
@@ -121,6 +124,7 @@ class EngineMetrics:
         lab = self.labels
         if self.pd is not None:
             self.pd.loads = loads
+        self.hicache.loads = loads
         for load in loads:
             rank = self._rank(load.dp_rank)
             self.num_running_reqs.labels(**rank).set(load.num_running_reqs)

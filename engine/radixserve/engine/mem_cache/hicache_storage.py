@@ -1,0 +1,220 @@
+"""HiCache's storage tier (L3): KV pages keyed by their chain hash, shared by every replica
+that serves the same model and points at the same place.
+
+A key is one page's chained SHA-256 (the digest the KV events carry, so a key names the whole
+prefix up to and including that page) plus the model and the rank layout, since each TP rank
+stores only its own heads: `{digest}_{model}_{tp_rank}_{tp_size}`.
+
+`HiCacheFile` keeps one file per page: a header (magic, payload length, SHA-256 of the
+payload), then the payload. Files are written to a temporary name and renamed, so a reader
+never sees half a page; a page whose length or checksum does not match is deleted and reported
+missing, so the caller recomputes it. Writes go through one background thread (the scheduler
+only queues them); reads are synchronous. Capacity is bounded: past it, the least recently
+used files (by this process's use, then by mtime for files other replicas wrote) are deleted
+down to 90 % of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import queue
+import threading
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"RXKV0001"
+HEADER_BYTES = len(MAGIC) + 8 + 32
+EVICT_TO = 0.9  # after crossing the capacity, delete down to this fraction of it
+
+
+@dataclass(frozen=True, slots=True)
+class StorageConfig:
+    path: Path
+    capacity_bytes: int
+    model_tag: str  # the served model: pages of different models never share a key
+    tp_rank: int = 0
+    tp_size: int = 1
+
+
+class HiCacheStorage(ABC):
+    @abstractmethod
+    def get(self, digest: bytes) -> bytes | None:
+        """The page stored under `digest`, or None when it is missing or corrupt."""
+
+    @abstractmethod
+    def exists(self, digest: bytes) -> bool: ...
+
+    @abstractmethod
+    def set_async(self, digest: bytes, payload: bytes) -> None:
+        """Queue a write (skipped when the page is already stored)."""
+
+    @abstractmethod
+    def pending_writes(self) -> int: ...
+
+    @abstractmethod
+    def used_bytes(self) -> int: ...
+
+    @abstractmethod
+    def flush(self) -> None:
+        """Wait until every queued write landed."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def batch_exists(self, digests: list[bytes]) -> int:
+        """How many leading digests are stored."""
+        n = 0
+        for d in digests:
+            if not self.exists(d):
+                break
+            n += 1
+        return n
+
+
+class HiCacheFile(HiCacheStorage):
+    def __init__(self, config: StorageConfig) -> None:
+        self.config = config
+        self.root = config.path
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._suffix = f"_{_safe(config.model_tag)}_{config.tp_rank}_{config.tp_size}.bin"
+        self._lock = threading.Lock()  # guards _sizes/_total (writer thread and scheduler)
+        self._sizes: OrderedDict[str, int] = OrderedDict()  # file name → bytes, LRU first
+        self._total = 0
+        self._rescan()
+        self._queue: queue.Queue[tuple[bytes, bytes] | None] = queue.Queue()
+        self._writer = threading.Thread(target=self._write_loop, name="hicache-file", daemon=True)
+        self._writer.start()
+
+    def name_of(self, digest: bytes) -> str:
+        return digest.hex() + self._suffix
+
+    def exists(self, digest: bytes) -> bool:
+        return (self.root / self.name_of(digest)).is_file()
+
+    def get(self, digest: bytes) -> bytes | None:
+        name = self.name_of(digest)
+        try:
+            raw = (self.root / name).read_bytes()
+        except OSError:
+            return None
+        payload = _unpack(raw)
+        if payload is None:
+            logger.warning("hicache storage: %s is corrupt or truncated; recomputing it", name)
+            self._delete(name)
+            return None
+        with self._lock:
+            if name in self._sizes:
+                self._sizes.move_to_end(name)
+            else:  # another replica wrote it
+                self._sizes[name] = len(raw)
+                self._total += len(raw)
+        return payload
+
+    def set_async(self, digest: bytes, payload: bytes) -> None:
+        self._queue.put((digest, payload))
+
+    def pending_writes(self) -> int:
+        return self._queue.qsize()
+
+    def flush(self) -> None:
+        self._queue.join()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._writer.join(timeout=10)
+
+    def used_bytes(self) -> int:
+        with self._lock:
+            return self._total
+
+    # ---- writer thread ------------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                self._write(*item)
+            except OSError as exc:  # a full or read-only disk: the page is simply not stored
+                logger.warning("hicache storage: write failed: %s", exc)
+            finally:
+                self._queue.task_done()
+
+    def _write(self, digest: bytes, payload: bytes) -> None:
+        name = self.name_of(digest)
+        final = self.root / name
+        if final.is_file():
+            return
+        tmp = self.root / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        data = _pack(payload)
+        tmp.write_bytes(data)
+        os.replace(tmp, final)  # atomic: readers see the whole page or none
+        with self._lock:
+            self._sizes[name] = len(data)
+            self._total += len(data)
+            over = self._total > self.config.capacity_bytes
+        if over:
+            self._evict()
+
+    def _evict(self) -> None:
+        self._rescan()  # other replicas' files count against the shared capacity too
+        target = int(self.config.capacity_bytes * EVICT_TO)
+        while True:
+            with self._lock:
+                if self._total <= target or not self._sizes:
+                    return
+                name = next(iter(self._sizes))
+            self._delete(name)
+
+    def _delete(self, name: str) -> None:
+        with contextlib.suppress(OSError):
+            (self.root / name).unlink()
+        with self._lock:
+            self._total -= self._sizes.pop(name, 0)
+
+    def _rescan(self) -> None:
+        """Index every page file in the folder, least recently modified first (what this
+        process used since keeps its place at the end)."""
+        found = []
+        for entry in os.scandir(self.root):
+            if entry.name.endswith(".bin") and entry.is_file():
+                st = entry.stat()
+                found.append((st.st_mtime, entry.name, st.st_size))
+        found.sort()
+        with self._lock:
+            known = self._sizes
+            fresh: OrderedDict[str, int] = OrderedDict(
+                (name, size) for _, name, size in found if name not in known
+            )
+            live = {name for _, name, _ in found}
+            fresh.update((name, size) for name, size in known.items() if name in live)
+            self._sizes = fresh
+            self._total = sum(fresh.values())
+
+
+def _pack(payload: bytes) -> bytes:
+    digest = hashlib.sha256(payload).digest()
+    return MAGIC + len(payload).to_bytes(8, "little") + digest + payload
+
+
+def _unpack(raw: bytes) -> bytes | None:
+    if len(raw) < HEADER_BYTES or not raw.startswith(MAGIC):
+        return None
+    length = int.from_bytes(raw[len(MAGIC) : len(MAGIC) + 8], "little")
+    digest = raw[len(MAGIC) + 8 : HEADER_BYTES]
+    payload = raw[HEADER_BYTES:]
+    if len(payload) != length or hashlib.sha256(payload).digest() != digest:
+        return None
+    return payload
+
+
+def _safe(tag: str) -> str:
+    return "".join(c if c.isalnum() or c in "-." else "-" for c in tag)

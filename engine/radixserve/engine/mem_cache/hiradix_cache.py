@@ -1,0 +1,465 @@
+"""HiRadixCache: the radix cache over three tiers, device pool → host pool → storage (HiCache).
+
+A node's KV lives on the device (`value`), in the host pool (`host_value`), or both. Tiers:
+- **device → host.** Evicting a device leaf *demotes* it when it has a host copy: its device
+  slots go back to the allocator and the node stays in the tree, host-only (`evicted`). A leaf
+  without a copy is backed up first under `write_back`; otherwise (and when the host pool is
+  full) it is dropped with the host-only nodes below it.
+- **Writes to host** follow `--hicache-write-policy`: `write_through` copies a node when it is
+  inserted, `write_through_selective` when a match has counted its second hit, `write_back`
+  only when it is evicted.
+- **host → storage.** Every page copied to host is also queued for the storage backend (one
+  writer thread), so other replicas can read it; evicting a host-only leaf frees its host
+  slots (re-queueing a page the storage has lost since). Storage is not mirrored in the tree:
+  a match that runs past the tree asks the backend for the following pages by chain hash.
+- **Load-back.** `match_prefix` walks device, then host-only nodes, then storage pages, and
+  copies all of them into fresh device slots before returning, so the request sees one device
+  prefix and counts it as cached. All or nothing: without device room the host part is
+  recomputed. On a CPU engine the copies are memcpy on the scheduler thread.
+
+Invariants: the descendants of an evicted node are evicted; an evicted node has a host copy
+and no lock; `_evictable`/`_protected` count device tokens only. Under TP every rank keeps its
+own heads in its own pools, and the ranks agree on each storage hit (`agree_min`), since
+writes land at different times.
+
+Events (medium per tier, SGLang's names; the device tier keeps "GPU" on a CPU engine too):
+BlockStored/BlockRemoved with medium GPU when device pages appear or go, CPU_PINNED when host
+copies do.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from radixserve.engine.mem_cache.allocator import BaseTokenAllocator
+from radixserve.engine.mem_cache.base_prefix_cache import MatchResult, PrefixPeek
+from radixserve.engine.mem_cache.evict_policy import eviction_key
+from radixserve.engine.mem_cache.hicache_storage import HiCacheStorage
+from radixserve.engine.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from radixserve.engine.mem_cache.memory_pool_host import HostKVPool
+from radixserve.engine.mem_cache.radix_cache import RadixCache
+from radixserve.engine.mem_cache.tree_node import TreeNode
+from radixserve.protocol import BlockRemoved
+from radixserve.protocol.block_hash import digest_to_int64, hash_pages
+
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+MEDIUM_DEVICE = "GPU"
+MEDIUM_HOST = "CPU_PINNED"
+
+
+@dataclass(slots=True)
+class HiCacheStats:
+    """Counters since start (tokens unless named otherwise); owned by one cache."""
+
+    device_hit_tokens: int = 0
+    host_hit_tokens: int = 0
+    storage_hit_tokens: int = 0
+    load_back_tokens: int = 0
+    load_back_bytes: int = 0
+    load_back_seconds: float = 0.0
+    backup_tokens: int = 0
+    dropped_tokens: int = 0
+    storage_written_pages: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class HiCacheConfig:
+    host_size: int  # tokens
+    write_policy: str = "write_through"
+    storage: HiCacheStorage | None = None
+    agree_min: Callable[[int], int] | None = None  # TP: the smallest value over the ranks
+
+
+class HiRadixCache(RadixCache):
+    def __init__(  # noqa: PLR0913 - the radix cache's bindings plus the tiers
+        self,
+        req_to_token_pool: ReqToTokenPool,
+        allocator: BaseTokenAllocator,
+        device_pool: MHATokenToKVPool,
+        config: HiCacheConfig,
+        page_size: int = 1,
+        eviction_policy: str = "lru",
+        enable_events: bool = False,
+    ) -> None:
+        if config.write_policy not in WRITE_POLICIES:
+            raise ValueError(f"hicache_write_policy: unknown {config.write_policy!r}")
+        self.host = HostKVPool(device_pool, config.host_size)
+        self.config = config
+        self.storage = config.storage
+        self.write_threshold = 1 if config.write_policy == "write_through" else 2
+        self.stats = HiCacheStats()
+        super().__init__(req_to_token_pool, allocator, page_size, eviction_policy, enable_events)
+        self.track_digests = enable_events or self.storage is not None
+
+    def reset(self) -> None:
+        super().reset()
+        self.host.clear()
+
+    def close(self) -> None:
+        if self.storage is not None:
+            self.storage.close()
+
+    def _record_stored(self, leaf: TreeNode, medium: str | None = MEDIUM_DEVICE) -> None:
+        super()._record_stored(leaf, medium)
+
+    def _agree(self, n: int) -> int:
+        return n if self.config.agree_min is None else self.config.agree_min(n)
+
+    # ---- match: device, then host, then storage; load back what is not on the device ----------
+
+    def peek_prefix(self, key: list[int]) -> PrefixPeek:
+        """The device-resident match only: what admission may count on without a copy."""
+        key = key[: len(key) // self.page_size * self.page_size]
+        node, length = self.root, 0
+        while key:
+            child = node.children.get(self._child_key(key))
+            if child is None or child.evicted:
+                break
+            n = self._match_len(child.key, key)
+            node, length = child, length + n
+            if n < len(child.key):
+                break
+            key = key[n:]
+        return PrefixPeek(length, node)
+
+    def match_prefix(self, key: list[int]) -> MatchResult:
+        key = key[: len(key) // self.page_size * self.page_size]
+        path = self._walk(key)
+        on_device = [n for n in path if not n.evicted]
+        on_host = path[len(on_device) :]
+        anchor = path[-1] if path else self.root
+        locked = list(on_host)  # the storage fetch and the device eviction below skip them
+        for node in locked:
+            node.host_lock_ref += 1
+        try:
+            self._back_up_hot(on_device)
+            matched = sum(len(n.key) for n in path)
+            from_storage = self._fetch_storage(key[matched:], anchor)
+            for node in from_storage:
+                node.host_lock_ref += 1
+                locked.append(node)
+            device_end = on_device[-1] if on_device else self.root
+            loaded = self._load_back(device_end, on_host + from_storage)
+        finally:
+            for node in locked:
+                node.host_lock_ref -= 1
+        self._count_hits(on_device, on_host, from_storage, loaded)
+        nodes = on_device + loaded
+        values = [n.value for n in nodes]
+        indices = torch.cat(values) if values else self._no_slots()
+        return MatchResult(indices, nodes[-1] if nodes else self.root)
+
+    def _walk(self, key: list[int]) -> list[TreeNode]:
+        """Nodes of the longest match in any tier (split so it ends on a node), hits counted."""
+        node, path = self.root, []
+        now = time.monotonic()
+        while key:
+            child = node.children.get(self._child_key(key))
+            if child is None:
+                break
+            child.last_access_time = now
+            child.hit_count += 1
+            n = self._match_len(child.key, key)
+            if n < len(child.key):
+                path.append(self._split_node(child, n))
+                break
+            path.append(child)
+            node, key = child, key[n:]
+        return path
+
+    def _count_hits(
+        self,
+        on_device: list[TreeNode],
+        on_host: list[TreeNode],
+        from_storage: list[TreeNode],
+        loaded: list[TreeNode],
+    ) -> None:
+        self.stats.device_hit_tokens += sum(len(n.key) for n in on_device)
+        if loaded:  # all or nothing: counted only when the copy happened
+            self.stats.host_hit_tokens += sum(len(n.key) for n in on_host)
+            self.stats.storage_hit_tokens += sum(len(n.key) for n in from_storage)
+
+    def _load_back(self, anchor: TreeNode, nodes: list[TreeNode]) -> list[TreeNode]:
+        """Copy host-only `nodes` (a chain under `anchor`) to fresh device slots; [] when the
+        device has no room (they stay host-only and the request recomputes them)."""
+        n = sum(len(x.key) for x in nodes)
+        if n == 0:
+            return []
+        self.inc_lock_ref(anchor)  # the device eviction that makes room must spare the match
+        try:
+            slots = self._alloc_device(n)
+        finally:
+            self.dec_lock_ref(anchor)
+        if slots is None:
+            return []
+        start, offset = time.perf_counter(), 0
+        for node in nodes:
+            dev = slots[offset : offset + len(node.key)]
+            assert node.host_value is not None
+            self.host.load_to_device(node.host_value, dev)
+            self._set_device(node, dev)
+            offset += len(node.key)
+        self.stats.load_back_tokens += n
+        self.stats.load_back_bytes += n * self.host.bytes_per_token()
+        self.stats.load_back_seconds += time.perf_counter() - start
+        return nodes
+
+    def _alloc_device(self, n: int) -> torch.Tensor | None:
+        slots = self.allocator.alloc_extend([0], [n], [-1])
+        if slots is None:
+            self.evict(n - self.allocator.available_size())
+            slots = self.allocator.alloc_extend([0], [n], [-1])
+        return slots
+
+    def _set_device(self, node: TreeNode, slots: torch.Tensor) -> None:
+        """An evicted node gets device slots again (load-back, or a request's own KV)."""
+        node.value = slots.to(self.allocator.device)
+        node.evicted = False
+        self._evictable += len(node.key)
+        if self.enable_events:
+            self._record_stored(node, MEDIUM_DEVICE)
+
+    # ---- storage --------------------------------------------------------------------------------
+
+    def _fetch_storage(self, rest: list[int], anchor: TreeNode) -> list[TreeNode]:
+        """Pages of `rest` the storage holds, read into the host pool as one host-only node
+        under `anchor` (the match's end); [] on a miss or without host room."""
+        ps = self.page_size
+        if self.storage is None or len(rest) < ps:
+            return []
+        digests = hash_pages(rest, ps, anchor.last_digest())
+        found = self._agree(self.storage.batch_exists(digests))
+        slots = self._alloc_host(found * ps) if found else None
+        if slots is None:
+            return []
+        valid = 0
+        for i in range(found):
+            payload = self.storage.get(digests[i])
+            if payload is None or len(payload) != ps * self.host.bytes_per_token():
+                break  # missing (evicted since) or corrupt: recomputed from here on
+            self.host.write_tokens(slots[i * ps : (i + 1) * ps], payload)
+            valid += 1
+        valid = self._agree(valid)
+        self.host.free(slots[valid * ps :])
+        if valid == 0:
+            return []
+        node = TreeNode(next(self._ids), parent=anchor, key=list(rest[: valid * ps]))
+        node.value, node.evicted = self._no_slots(), True
+        node.host_value = slots[: valid * ps]
+        node.page_digests = digests[:valid]
+        anchor.children[self._child_key(node.key)] = node
+        if self.enable_events:
+            self._record_stored(node, MEDIUM_HOST)
+        return [node]
+
+    def _queue_storage(self, node: TreeNode, only_missing: bool = False) -> None:
+        if self.storage is None or node.host_value is None:
+            return
+        ps = self.page_size
+        for i, digest in enumerate(node.page_digests):
+            if only_missing and self.storage.exists(digest):
+                continue
+            payload = self.host.read_tokens(node.host_value[i * ps : (i + 1) * ps])
+            self.storage.set_async(digest, payload)
+            self.stats.storage_written_pages += 1
+
+    # ---- host copies ----------------------------------------------------------------------------
+
+    def _alloc_host(self, n: int) -> torch.Tensor | None:
+        slots = self.host.alloc(n)
+        if slots is None:
+            self.evict_host(n - self.host.available_size())
+            slots = self.host.alloc(n)
+        return slots
+
+    def _back_up(self, node: TreeNode) -> bool:
+        """Copy a device node to the host pool (and queue it for storage); False without room."""
+        if node.host_value is not None:
+            return True
+        slots = self._alloc_host(len(node.key))
+        if slots is None:
+            return False
+        self.host.backup_from_device(node.value, slots)
+        node.host_value = slots
+        self.stats.backup_tokens += len(node.key)
+        if self.enable_events:
+            self._record_stored(node, MEDIUM_HOST)
+        self._queue_storage(node)
+        return True
+
+    def _back_up_hot(self, path: list[TreeNode]) -> None:
+        if self.config.write_policy != "write_through_selective":
+            return
+        for node in path:
+            if node.host_value is None and node.hit_count >= self.write_threshold:
+                self._back_up(node)
+
+    def evict_host(self, num_tokens: int) -> int:
+        """Free host slots of host-only leaves, least valuable first; returns tokens freed."""
+        heap = [self._heap_entry(n) for n in self._host_leaves()]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            _, _, leaf = heapq.heappop(heap)
+            self._queue_storage(leaf, only_missing=True)  # demoted to storage, not lost
+            parent = leaf.parent
+            assert parent is not None
+            del parent.children[self._child_key(leaf.key)]
+            self._free_host(leaf)
+            freed += len(leaf.key)
+            if self._is_host_leaf(parent):
+                heapq.heappush(heap, self._heap_entry(parent))
+        return freed
+
+    def _heap_entry(self, node: TreeNode) -> tuple[tuple[float, ...], int, TreeNode]:
+        return (eviction_key(self.eviction_policy, node), node.id, node)
+
+    def _is_host_leaf(self, node: TreeNode) -> bool:
+        return (
+            node is not self.root and node.evicted and not node.children and node.host_lock_ref == 0
+        )
+
+    def _host_leaves(self) -> list[TreeNode]:
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            if self._is_host_leaf(node):
+                out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def _free_host(self, node: TreeNode) -> None:
+        if node.host_value is None:
+            return
+        self.host.free(node.host_value)
+        node.host_value = None
+        if self.enable_events:
+            self.events.extend(
+                BlockRemoved([digest_to_int64(d)], medium=MEDIUM_HOST) for d in node.page_digests
+            )
+
+    # ---- device eviction: demote, or drop -------------------------------------------------------
+
+    def evict(self, num_tokens: int) -> int:
+        heap = [self._heap_entry(n) for n in self._device_leaves()]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            _, _, leaf = heapq.heappop(heap)
+            if self.config.write_policy == "write_back":
+                self._back_up(leaf)
+            parent = leaf.parent
+            assert parent is not None
+            if leaf.host_value is not None:
+                self._demote(leaf)
+            else:
+                self._drop(leaf)
+            freed += len(leaf.key)
+            if self._is_device_leaf(parent):
+                heapq.heappush(heap, self._heap_entry(parent))
+        return freed
+
+    def _is_device_leaf(self, node: TreeNode) -> bool:
+        return (
+            node is not self.root
+            and not node.evicted
+            and node.lock_ref == 0
+            and all(c.evicted for c in node.children.values())
+        )
+
+    def _device_leaves(self) -> list[TreeNode]:
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            if self._is_device_leaf(node):
+                out.append(node)
+            stack.extend(c for c in node.children.values() if not c.evicted)
+        return out
+
+    def _free_device(self, node: TreeNode) -> None:
+        self.allocator.free(node.value)
+        self._evictable -= len(node.key)
+        node.value, node.evicted = self._no_slots(), True
+        if self.enable_events:
+            self.events.extend(
+                BlockRemoved([digest_to_int64(d)], medium=MEDIUM_DEVICE) for d in node.page_digests
+            )
+
+    def _demote(self, node: TreeNode) -> None:
+        self._free_device(node)
+
+    def _drop(self, node: TreeNode) -> None:
+        """Remove an unbacked device leaf and the host-only nodes below it."""
+        parent = node.parent
+        assert parent is not None
+        del parent.children[self._child_key(node.key)]
+        self._free_device(node)
+        stack = list(node.children.values())
+        while stack:
+            below = stack.pop()
+            stack.extend(below.children.values())
+            self._free_host(below)
+            self.stats.dropped_tokens += len(below.key)
+        self.stats.dropped_tokens += len(node.key)
+
+    # ---- insert and split know about evicted nodes ----------------------------------------------
+
+    def insert(self, key: list[int], value: torch.Tensor) -> int:
+        """As RadixCache.insert; an evicted node on the way takes the caller's slots for its
+        tokens (they hold the same KV), so only the device-resident prefix counts as cached."""
+        node, prefix, on_device = self.root, 0, True
+        now = time.monotonic()
+        while key:
+            child = node.children.get(self._child_key(key))
+            if child is None:
+                break
+            child.last_access_time = now
+            n = self._match_len(child.key, key)
+            if n < len(child.key):
+                child = self._split_node(child, n)
+            if child.evicted:
+                on_device = False
+                self._set_device(child, value[:n].clone())
+            elif on_device:
+                prefix += n
+            node, key, value = child, key[n:], value[n:]
+        if key:
+            self._add_leaf(node, key, value.clone())
+            if self.config.write_policy == "write_through":
+                self._back_up(node.children[self._child_key(key)])
+        return prefix
+
+    def _split_node(self, child: TreeNode, n: int) -> TreeNode:
+        upper = super()._split_node(child, n)
+        upper.evicted = child.evicted
+        upper.host_lock_ref = child.host_lock_ref
+        if child.host_value is not None:
+            upper.host_value = child.host_value[:n]
+            child.host_value = child.host_value[n:]
+        return upper
+
+    # ---- inspection -----------------------------------------------------------------------------
+
+    def host_tokens(self) -> int:
+        """Tokens held by the host pool (duplicates of device nodes included)."""
+        return self.host.size - self.host.available_size()
+
+    def tier_sizes(self) -> dict[str, int]:
+        """Tokens per residency: device only, both, host only."""
+        sizes = {"device": 0, "both": 0, "host": 0}
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node.evicted:
+                sizes["host"] += len(node.key)
+            elif node.host_value is not None:
+                sizes["both"] += len(node.key)
+            else:
+                sizes["device"] += len(node.key)
+        return sizes

@@ -1,0 +1,72 @@
+"""HiCache's series on /metrics (only for DP ranks whose load carries HiCache counters): hits
+per tier, load-back volume and time, backups, drops, and the levels of the host pool and the
+storage writer, read from each DP rank's LoadOutput at scrape time (the cache counts; this
+only renders). Names follow SGLang's where it has one (load_back_tokens, backuped_tokens)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from radixserve.engine.ipc.messages import HiCacheLoad, LoadOutput
+
+P = "radixserve:"
+# (metric name without _total, HiCacheLoad field, help)
+COUNTERS = (
+    ("load_back_tokens", "load_back_tokens", "Tokens copied from the host tier to the KV pool"),
+    ("load_back_bytes", "load_back_bytes", "Bytes copied from the host tier to the KV pool"),
+    ("load_back_duration_seconds", "load_back_seconds", "Time spent copying them"),
+    ("backuped_tokens", "backup_tokens", "Tokens copied from the KV pool to the host tier"),
+    ("hicache_dropped_tokens", "dropped_tokens", "Evicted tokens that no tier kept"),
+)
+GAUGES = (
+    ("hicache_host_used_tokens", "host_used_tokens", "Tokens held by the host tier"),
+    ("hicache_host_total_tokens", "host_total_tokens", "Size of the host tier in tokens"),
+    ("hicache_storage_write_queue_depth", "storage_pending_writes", "Pages queued for storage"),
+    ("hicache_storage_used_bytes", "storage_used_bytes", "Bytes this replica sees in storage"),
+)
+TIERS = (
+    ("device", "device_hit_tokens"),
+    ("host", "host_hit_tokens"),
+    ("storage", "storage_hit_tokens"),
+)
+
+
+class HiCacheCollector:
+    """A prometheus_client collector over the latest loads (set before each scrape)."""
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.loads: list[LoadOutput] = []
+
+    def _ranks(self) -> list[tuple[list[str], HiCacheLoad]]:
+        return [
+            ([self.model_name, str(load.dp_rank)], load.hicache)
+            for load in self.loads
+            if load.hicache is not None
+        ]
+
+    def collect(self) -> Iterator[Metric]:
+        ranks = self._ranks()
+        if not ranks:
+            return
+        labels = ["model_name", "dp_rank"]
+        hits = CounterMetricFamily(
+            P + "hicache_hit_tokens", "Prefix tokens matched, by the tier that held them",
+            labels=[*labels, "tier"],
+        )  # fmt: skip
+        for values, hc in ranks:
+            for tier, field in TIERS:
+                hits.add_metric([*values, tier], getattr(hc, field))
+        yield hits
+        for name, field, doc in COUNTERS:
+            counter = CounterMetricFamily(P + name, doc, labels=labels)
+            for values, hc in ranks:
+                counter.add_metric(values, getattr(hc, field))
+            yield counter
+        for name, field, doc in GAUGES:
+            gauge = GaugeMetricFamily(P + name, doc, labels=labels)
+            for values, hc in ranks:
+                gauge.add_metric(values, getattr(hc, field))
+            yield gauge
