@@ -280,3 +280,27 @@ def test_cache_aware_spreads_new_tenants_over_pools_like_pinned() -> None:
     before) the idle replica collects them."""
     assert sorted(_place_cold_tenants(CacheAwarePolicy(), POOL)) == [3, 3, 3]
     assert max(_place_cold_tenants(CacheAwarePolicy(), 0)) > 3
+
+
+def test_a_host_tier_prefix_counts_at_its_credit() -> None:
+    device_only = RankView(("a", 0), 0, 0, cached_tokens=100)
+    with_host = RankView(("b", 0), 0, 0, cached_tokens=100, tier_credit_tokens=300)
+    arriving = RankView(("c", 0), 0, 0, cached_tokens=0, inflight_tokens=500)
+    assert (device_only.expected_tokens, with_host.expected_tokens) == (100, 400)
+    assert arriving.expected_tokens == 500
+    assert make_policy(RouterConfig(policy="cache_aware")).select(
+        RouteRequest(1000), [device_only, with_host]
+    ).key == ("b", 0)
+
+
+@pytest.mark.parametrize(
+    "value", ["host", "host=2", "host=-0.1", "disk=0.5", "host=abc", "host=0.5,storage=0.2"]
+)
+def test_a_bad_tier_credit_is_refused_naming_the_flag(value: str) -> None:
+    with pytest.raises(ValueError, match="^cache_tier_credit: "):
+        RouterConfig(cache_tier_credit=value)
+
+
+def test_tier_credits_parse() -> None:
+    assert RouterConfig().tier_credits() == {"host": 0.75}
+    assert RouterConfig(cache_tier_credit="host=0").tier_credits() == {"host": 0.0}

@@ -75,6 +75,12 @@ class RouterConfig:
     session_header: str | None = option(
         None, "request header that pins a session to one worker DP rank (sticky sessions)"
     )
+    # tier-aware scoring (HiCache): a prefix only in a lower tier is loaded back, not recomputed
+    cache_tier_credit: str = option(
+        "host=0.75",
+        "how much a prefix held only in a worker's host tier counts, as a fraction of one "
+        "held in its KV pool (host=F, 0 ≤ F ≤ 1; host=0: tier-blind)",
+    )
     # approximate trees (ranks without KV events): per-rank token budget, LRU-trimmed
     approx_max_tokens: int = option(
         1 << 22, "per-rank token budget of the trees of workers without KV events"
@@ -199,7 +205,24 @@ class RouterConfig:
             raise ValueError(f"retry_max_attempts: must be ≥ 1, got {self.retry_max_attempts}")
         if self.k8s_service and self.worker_urls:
             raise ValueError("worker_urls: pass either --worker-urls or --k8s-service, not both")
+        self.tier_credits()  # a malformed --cache-tier-credit fails at start-up
         self._check_pd()
+
+    def tier_credits(self) -> dict[str, float]:
+        """--cache-tier-credit parsed: {"host": F}."""
+        name, out = "cache_tier_credit", {}
+        for part in filter(None, (p.strip() for p in self.cache_tier_credit.split(","))):
+            tier, sep, value = part.partition("=")
+            if tier != "host" or not sep:
+                raise ValueError(f"{name}: expected host=F, got {part!r}")
+            try:
+                credit = float(value)
+            except ValueError:
+                raise ValueError(f"{name}: {tier}: not a number: {value!r}") from None
+            if not 0.0 <= credit <= 1.0:
+                raise ValueError(f"{name}: {tier}: must be in [0, 1], got {credit}")
+            out[tier] = credit
+        return out
 
     def _check_pd(self) -> None:
         for name in ("prefill_policy", "decode_policy"):

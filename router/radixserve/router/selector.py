@@ -55,10 +55,17 @@ class Lease:
 
 
 class Selector:
-    def __init__(self, registry: WorkerRegistry, index: CacheIndex, policy: Policy) -> None:
+    def __init__(
+        self,
+        registry: WorkerRegistry,
+        index: CacheIndex,
+        policy: Policy,
+        host_credit: float = 0.0,
+    ) -> None:
         self.registry = registry
         self.index = index
         self.policy = policy
+        self.host_credit = host_credit  # a host-tier token's worth in device-cached tokens
         self.sessions: OrderedDict[str, RankKey] = OrderedDict()
 
     def views(self, tokens: Sequence[int] | None, exclude: Collection[str]) -> list[RankView]:
@@ -85,6 +92,7 @@ class Selector:
                 size,
                 worker.capacity_of(rank),
                 self.index.working_set_of((url, rank)),
+                int(self.host_credit * max(0, hit.host - hit.cached)),
             )
             out.append(view)
         return out

@@ -8,7 +8,10 @@ import random
 from collections.abc import Awaitable, Callable
 
 import pytest
+import torch
 
+from radixserve.engine.mem_cache.hiradix_cache import HiCacheConfig, HiRadixCache
+from radixserve.engine.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from radixserve.router.addresses import KVEndpoint, RankKey
 from radixserve.router.mirror.index import CacheIndex
 from tests.router.mirror.replica import Replica, engine_match, fresh_replica, until
@@ -170,6 +173,56 @@ def test_working_set_counts_distinct_routed_tokens_up_to_twice_the_pool() -> Non
             index.on_routed(events, p)
         assert index.working_set_of(events) == 2000
         assert index.match(others[-1], [approx])[approx] == 0  # ranks do not share it
+        await index.aclose()
+
+    run(scenario)
+
+
+def host_prefix(cache: HiRadixCache, tokens: list[int]) -> int:
+    """The engine's own host-tier prefix: the nodes from the root that have a host copy."""
+    node, key, n = cache.root, list(tokens), 0
+    while key:
+        child = node.children.get(key[0])
+        if child is None or child.host_value is None:
+            break
+        common = 0
+        while common < min(len(child.key), len(key)) and child.key[common] == key[common]:
+            common += 1
+        n += common
+        if common < len(child.key):
+            break
+        node, key = child, key[common:]
+    return n
+
+
+def test_host_tier_events_feed_a_second_mirror() -> None:
+    """A HiCache replica: device events keep the device mirror equal to the KV pool, host
+    events (medium CPU_PINNED) build the host mirror, equal to the engine's host tier."""
+
+    async def scenario() -> None:
+        traffic = Traffic(3)
+        r = fresh_replica(1, pool=600)
+        device = MHATokenToKVPool(600, 1, torch.float32, 1, 2, 1, torch.device("cpu"))
+        r.cache = HiRadixCache(
+            ReqToTokenPool(2, 8, torch.device("cpu")), r.cache.allocator, device,
+            HiCacheConfig(host_size=3000), 1, "lru", True,
+        )  # fmt: skip
+        key = ("http://127.0.0.1:1", 0)
+        index = CacheIndex()
+        index.add_rank(key, 1, r.kv)
+        await index.start()
+        r.serve()
+        sent = [traffic.prompt() for _ in range(45)]  # ~7x the pool, ~1.5x the host tier
+        for q in sent:
+            r.insert(q)
+        await until(lambda: synced(index, key, r), "synced", lambda: r.insert(traffic.prompt()))
+        assert r.cache.tier_sizes()["host"] > 0 and r.cache.stats.backup_tokens > 3000
+        for q in sent:
+            got = index.match_both(q, [key])[key]
+            assert got.cached == r.cache.peek_prefix(q).length
+            assert got.host == host_prefix(r.cache, q)
+        assert any(index.match_both(q, [key])[key].host > 100 for q in sent[-10:])
+        await r.close()
         await index.aclose()
 
     run(scenario)

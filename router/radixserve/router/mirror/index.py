@@ -9,6 +9,12 @@ encodes the prompt once and walks each rank's tree: the cached prefix in tokens,
 page-aligned like the engine's own match; `match_both` adds the overlay's "arriving" prefix
 beside it. Everything runs on the event loop, no thread: the trees are only touched between
 awaits.
+
+Tiers (HiCache): events whose `medium` names a host tier (SGLang's `CPU_PINNED`, vLLM's
+`CPU`) go to a second mirror of the rank, made on the first such event, so tier-blind engines
+cost nothing extra. `match_both` then reports, beside the device prefix, the prefix the host
+mirror holds: the engine loads that part back instead of recomputing it. Storage media
+(`DISK`, `EXTERNAL`) are not mirrored yet.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import NamedTuple
 
 import zmq.asyncio
 
-from radixserve.protocol.kv_events import KVEventBatch
+from radixserve.protocol.kv_events import AllBlocksCleared, KVCacheEvent, KVEventBatch
 from radixserve.router.addresses import KVEndpoint, RankKey, reachable_endpoint
 from radixserve.router.mirror.approx import ApproxTree
 from radixserve.router.mirror.inflight import InflightOverlay, OverlayLimits
@@ -33,6 +39,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_APPROX_MAX_TOKENS = 1 << 22
 FALLBACK_MAX_TOKENS = 1 << 20  # an events rank's routed prompts, for when its stream is lost
 RECENT_POOLS = 2  # the recent working set is kept up to this many times the rank's KV pool
+HOST_MEDIA = frozenset({"CPU_PINNED", "CPU"})  # SGLang's and vLLM's host-tier names
+STORAGE_MEDIA = frozenset({"DISK", "EXTERNAL"})
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,28 @@ class PrefixMatch(NamedTuple):
 
     cached: int
     inflight: int = 0
+    host: int = 0  # the prefix the rank's host tier holds (0: none, or a tier-blind engine)
+
+
+class HostMirror:
+    """A rank's host-tier mirror, made on its first host-tier event."""
+
+    def __init__(self, page_size: int, max_orphans: int) -> None:
+        self.page_size = page_size
+        self.max_orphans = max_orphans
+        self.tree: MirrorTree | None = None
+
+    def apply(self, event: KVCacheEvent) -> None:
+        if self.tree is None:
+            self.tree = MirrorTree(self.page_size, self.max_orphans)
+        self.tree.apply(event)
+
+    def clear(self) -> None:
+        if self.tree is not None:
+            self.tree.clear()
+
+    def match_encoded(self, q: bytes) -> int:
+        return 0 if self.tree is None else self.tree.match_encoded(q)
 
 
 @dataclass(frozen=True)
@@ -70,6 +100,7 @@ class _RankCache:
     fallback: ApproxTree | None = None
     # the prompts routed there most recently, up to RECENT_POOLS × its KV pool (pool known)
     recent: ApproxTree | None = None
+    host: HostMirror | None = None  # events ranks: its host tier (HiCache)
 
     def matching_tree(self) -> MirrorTree | ApproxTree:
         """The exact mirror, or the approximate view while the rank's stream is lost."""
@@ -147,18 +178,26 @@ class CacheIndex:
             self._ranks[key] = _RankCache(page_size, None, approx, None, recent=recent)
             return
         tree = MirrorTree(page_size, self.max_orphans)
+        host = HostMirror(page_size, self.max_orphans)
         overlay = InflightOverlay(page_size, self.overlay_limits)
         name = f"{key[0]}#{key[1]}"
+
+        def reset() -> None:
+            tree.clear()
+            host.clear()
+
         subscriber = KVEventSubscriber(
             kv,
-            on_batch=lambda batch: self._apply(name, tree, overlay, batch),
-            on_reset=tree.clear,
+            on_batch=lambda batch: self._apply(name, tree, host, overlay, batch),
+            on_reset=reset,
             ctx=self._ctx,
             replay_timeout_s=self.replay_timeout_s,
             name=name,
         )
         fallback = ApproxTree(min(self.approx_max_tokens, FALLBACK_MAX_TOKENS))
-        self._ranks[key] = _RankCache(page_size, kv, tree, subscriber, overlay, fallback, recent)
+        self._ranks[key] = _RankCache(
+            page_size, kv, tree, subscriber, overlay, fallback, recent, host
+        )
         if self._started:
             subscriber.start()
 
@@ -221,7 +260,10 @@ class CacheIndex:
             if cache is None:
                 out[key] = PrefixMatch(0)
             elif cache.overlay is not None and cache.matching_tree() is cache.tree:
-                out[key] = PrefixMatch(cache.tree.match_encoded(q), cache.overlay.match_encoded(q))
+                host = cache.host.match_encoded(q) if cache.host is not None else 0
+                out[key] = PrefixMatch(
+                    cache.tree.match_encoded(q), cache.overlay.match_encoded(q), host
+                )
             else:  # approx: its tree already holds the prompts routed there
                 n = cache.matching_tree().match_encoded(q)
                 out[key] = PrefixMatch(n - n % cache.page_size)
@@ -291,10 +333,22 @@ class CacheIndex:
         return out
 
     @staticmethod
-    def _apply(name: str, tree: MirrorTree, overlay: InflightOverlay, batch: KVEventBatch) -> None:
+    def _apply(
+        name: str,
+        tree: MirrorTree,
+        host: HostMirror,
+        overlay: InflightOverlay,
+        batch: KVEventBatch,
+    ) -> None:
         for event in batch.events:
+            medium = getattr(event, "medium", None)
             try:
-                tree.apply(event)
+                if medium in HOST_MEDIA:
+                    host.apply(event)
+                elif medium not in STORAGE_MEDIA:
+                    tree.apply(event)
+                    if isinstance(event, AllBlocksCleared):
+                        host.clear()
             except ValueError as exc:  # one bad event must not cost the rest of the batch
                 logger.warning("KV events %s: event skipped: %s", name, exc)
         if overlay.num_entries:

@@ -23,12 +23,15 @@ class RankView:
     cache_size_tokens: int = 0  # everything the rank's mirror holds, in tokens
     capacity_tokens: int = 0  # the rank's KV pool (engine's max_total_num_tokens); 0: unknown
     working_set_tokens: int = 0  # distinct tokens of the prompts routed there lately
+    # the prefix held only in a lower tier (host), weighted by its credit (--cache-tier-credit)
+    tier_credit_tokens: int = 0
 
     @property
     def expected_tokens(self) -> int:
-        """The prefix the rank will hold when this request is prefilled: mirror ∪ overlay.
-        Policies score this; only `cached_tokens` is ever reported as cached."""
-        return max(self.cached_tokens, self.inflight_tokens)
+        """The prefix the rank will hold when this request is prefilled: mirror ∪ overlay,
+        plus the credited part a lower tier will load back. Policies score this; only
+        `cached_tokens` is ever reported as cached."""
+        return max(self.cached_tokens + self.tier_credit_tokens, self.inflight_tokens)
 
 
 @dataclass(frozen=True)
