@@ -69,6 +69,14 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "rbac": {"create": True, "aggregateToDefaultRoles": False},
     },
     "example": {"example": {"enabled": True, "name": "demo", "replicas": 3}},
+    "example-offload": {
+        "example": {
+            "enabled": True,
+            "name": "demo",
+            "replicas": 3,
+            "kvOffload": {"hostRatio": 2, "storage": {"file": {"sizeGB": 2}}},
+        }
+    },
 }
 
 
@@ -323,6 +331,12 @@ def test_example_matches_the_manifest_example() -> None:
     # its labels must never match the operator Deployment's selector
     selector = _one(_render("example"), "Deployment")["spec"]["selector"]["matchLabels"]
     assert not selector.items() <= rendered["metadata"]["labels"].items()
+
+
+def test_example_kv_offload_reaches_the_spec() -> None:
+    rendered = _one(_render("example-offload"), "InferenceService", "demo")
+    offload = rendered["spec"]["engine"]["kvCache"]["offload"]
+    assert offload == {"hostRatio": 2, "storage": {"file": {"sizeGB": 2}}}
 
 
 def test_notes_name_the_namespaces() -> None:

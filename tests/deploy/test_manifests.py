@@ -34,6 +34,7 @@ def test_manifest_tree_has_the_promised_files() -> None:
         "crds/inferenceservices.radixserve.io.yaml",
         "operator.yaml",
         "examples/smollm2-cpu.yaml",
+        "examples/smollm2-hicache.yaml",
         "examples/qwen3-moe-dp-ep.yaml",
         "examples/smollm2-autoscaled.yaml",
         "examples/keda-scaledobject.yaml",
@@ -60,6 +61,12 @@ def test_plain_install_is_complete() -> None:
             assert obj["metadata"]["namespace"] == namespace
     for obj in objects:  # a plain install is not managed by Helm
         assert "app.kubernetes.io/managed-by" not in obj["metadata"].get("labels", {})
+
+
+def test_smollm2_hicache_example(crd: dict[str, Any]) -> None:
+    spec = validate_isvc(_example("smollm2-hicache.yaml"), crd)["spec"]
+    offload = spec["engine"]["kvCache"]["offload"]
+    assert offload["hostRatio"] == 2 and offload["storage"]["file"]["sizeGB"] == 2
 
 
 def test_smollm2_cpu_example(crd: dict[str, Any]) -> None:

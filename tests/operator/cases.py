@@ -90,6 +90,23 @@ SMOLLM_PD: dict[str, Any] = {
     "router": {"policy": "cache_aware"},
 }
 
+# HiCache: a host tier by size and a file storage tier on a shared claim.
+SMOLLM_HICACHE: dict[str, Any] = {
+    **SMOLLM_CPU,
+    "engine": {
+        **SMOLLM_CPU["engine"],
+        "kvCache": {
+            "pageSize": 16,
+            "maxTotalTokens": 65536,
+            "offload": {
+                "hostSizeGB": 4,
+                "writePolicy": "write_through_selective",
+                "storage": {"file": {"sizeGB": 50, "claimName": "hicache-shared"}},
+            },
+        },
+    },
+}
+
 CASES = {
     "smollm-cpu": SMOLLM_CPU,
     "moe-gpu": MOE_GPU,
@@ -98,6 +115,7 @@ CASES = {
     "smollm-autoscaled": SMOLLM_AUTOSCALED,
     "smollm-keys": SMOLLM_KEYS,
     "smollm-pd": SMOLLM_PD,
+    "smollm-hicache": SMOLLM_HICACHE,
 }
 
 

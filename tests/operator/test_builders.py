@@ -26,6 +26,7 @@ from tests.operator.cases import (
     MOE_GPU,
     PVC_SUSPENDED,
     SMOLLM_CPU,
+    SMOLLM_HICACHE,
     SMOLLM_PD,
     UID,
 )
@@ -138,6 +139,40 @@ def test_engine_args_parse_with_the_engines_own_parser() -> None:
     from radixserve.engine.configs.cli_args import server_args_from_namespace
 
     server_args_from_namespace(ns)  # the engine accepts the whole command line
+
+
+def test_kv_offload_args_and_volume() -> None:
+    spec = parse_spec(SMOLLM_HICACHE, "chat")
+    args = engine_args(spec)
+    ns = _engine_namespace(args)
+    assert ns.enable_hierarchical_cache and ns.hicache_size == 4.0
+    assert ns.hicache_write_policy == "write_through_selective"
+    assert ns.hicache_storage_backend == "file"
+    from radixserve.engine.configs.cli_args import server_args_from_namespace
+
+    options = server_args_from_namespace(ns).hicache_storage_options()
+    assert options == {"file_storage_path": "/hicache", "file_storage_max_size_gb": 50.0}
+    (dep,) = [
+        c
+        for c in _children(SMOLLM_HICACHE)
+        if c["kind"] == "Deployment" and "engine" in c["metadata"]["name"]
+    ]
+    pod = dep["spec"]["template"]["spec"]
+    assert {"name": "hicache", "persistentVolumeClaim": {"claimName": "hicache-shared"}} in pod[
+        "volumes"
+    ]
+    assert {"name": "hicache", "mountPath": "/hicache"} in pod["containers"][0]["volumeMounts"]
+
+
+def test_decode_pool_refuses_kv_offload() -> None:
+    from radixserve.operator.schema import SpecError
+
+    bad = {
+        **SMOLLM_PD,
+        "decode": {**SMOLLM_PD["decode"], "kvCache": {"pageSize": 16, "offload": {}}},
+    }
+    with pytest.raises(SpecError, match="^spec.decode.kvCache.offload: "):
+        parse_spec(bad, "chat")
 
 
 def test_parallel_engine_args_and_gpus() -> None:

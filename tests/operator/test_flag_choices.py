@@ -13,7 +13,11 @@ import yaml
 
 from radixserve.golden_names import render
 from radixserve.operator import flag_choices
-from radixserve.operator.flag_choices import ENGINE_POLICIES, ROUTER_POLICIES
+from radixserve.operator.flag_choices import (
+    ENGINE_POLICIES,
+    HICACHE_WRITE_POLICIES,
+    ROUTER_POLICIES,
+)
 from radixserve.operator.schema import SpecError
 from radixserve.operator.spec import parse_spec
 from tests.operator.cases import spec_with
@@ -28,6 +32,11 @@ CRDS = [
 POLICY_FIELDS = [
     ("engine.scheduler.policy", ("engine", "scheduler", "policy"), ENGINE_POLICIES),
     ("router.policy", ("router", "policy"), ROUTER_POLICIES),
+    (
+        "engine.kvCache.offload.writePolicy",
+        ("engine", "kvCache", "offload", "writePolicy"),
+        HICACHE_WRITE_POLICIES,
+    ),
 ]
 IDS = [path for path, _, _ in POLICY_FIELDS]
 

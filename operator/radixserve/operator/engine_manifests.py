@@ -6,6 +6,8 @@ pod's command line is the one place to read what an InferenceService runs.
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 from radixserve.operator.config import ENGINE_HTTP_PORT, KV_EVENTS_PORT
@@ -26,14 +28,17 @@ from radixserve.operator.schema import (
     PREFILL,
     BuiltinSource,
     EngineSpec,
+    FileStorage,
     HostPathSource,
     HuggingFaceSource,
     InferenceServiceSpec,
+    KVOffload,
     PvcSource,
 )
 from radixserve.operator.spec import API_KEY_ENV
 
 MODELS_DIR = "/models"
+HICACHE_DIR = "/hicache"  # the file storage tier's mount
 HF_HOME = "/cache/huggingface"
 # The root filesystem is read-only: what the engine writes goes to emptyDirs. /tmp holds the
 # ipc:// sockets and torch's compile caches; ~/.cache the default HF cache and Triton's.
@@ -97,11 +102,33 @@ def engine_args(spec: InferenceServiceSpec, role: str | None = None) -> list[str
             args += [flag, str(value)]
     if p.dp_attention:
         args.append("--enable-dp-attention")
+    args += _offload_args(e.kv_cache.offload)
     if role is not None:
         args += ["--disaggregation-mode", role]
     if role == PREFILL and spec.pd is not None:
         args += ["--disaggregation-bootstrap-port", str(spec.pd.bootstrap_port)]
     return args + list(e.extra_args)
+
+
+def _offload_args(offload: KVOffload | None) -> list[str]:
+    """HiCache's flags: the host tier, and the file storage tier on its volume."""
+    if offload is None:
+        return []
+    args = ["--enable-hierarchical-cache"]
+    if offload.host_ratio is not None:
+        args += ["--hicache-ratio", str(offload.host_ratio)]
+    if offload.host_size_gb is not None:
+        args += ["--hicache-size", str(offload.host_size_gb)]
+    if offload.write_policy is not None:
+        args += ["--hicache-write-policy", offload.write_policy]
+    if offload.file is not None:
+        config = {
+            "file_storage_path": HICACHE_DIR,
+            "file_storage_max_size_gb": offload.file.size_gb,
+        }
+        args += ["--hicache-storage-backend", "file"]
+        args += ["--hicache-storage-backend-extra-config", json.dumps(config)]
+    return args
 
 
 def _pool_ports(spec: InferenceServiceSpec, role: str | None) -> list[tuple[str, int]]:
@@ -150,7 +177,20 @@ def _volumes(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], list[dic
     elif isinstance(source, HuggingFaceSource):
         volumes.append({"name": "hf-cache", "emptyDir": {}})
         mounts.append({"name": "hf-cache", "mountPath": HF_HOME})
+    offload = spec.engine.kv_cache.offload
+    if offload is not None and offload.file is not None:
+        volumes.append(_hicache_volume(offload.file))
+        mounts.append({"name": "hicache", "mountPath": HICACHE_DIR})
     return volumes, mounts
+
+
+def _hicache_volume(file: FileStorage) -> dict[str, Any]:
+    """The storage tier's folder: a shared claim, or an emptyDir sized with 10 % headroom over
+    the capacity the engine keeps (it deletes down to 90 % when it crosses it)."""
+    if file.claim_name is not None:
+        return {"name": "hicache", "persistentVolumeClaim": {"claimName": file.claim_name}}
+    limit_mi = math.ceil(file.size_gb * 1.1 * 1024)
+    return {"name": "hicache", "emptyDir": {"sizeLimit": f"{limit_mi}Mi"}}
 
 
 def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:

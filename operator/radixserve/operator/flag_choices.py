@@ -21,3 +21,5 @@ ENGINE_CHOICES = _load("engine")
 ROUTER_CHOICES = _load("router")
 ENGINE_POLICIES = ENGINE_CHOICES["--schedule-policy"]  # spec.engine.scheduler.policy
 ROUTER_POLICIES = ROUTER_CHOICES["--policy"]  # spec.router.policy
+# spec.engine.kvCache.offload.writePolicy
+HICACHE_WRITE_POLICIES = ENGINE_CHOICES["--hicache-write-policy"]

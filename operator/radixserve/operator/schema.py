@@ -81,10 +81,30 @@ class Parallelism:
 
 
 @dataclass(frozen=True)
+class FileStorage:
+    """HiCache's file storage tier: a PVC shared by the replicas (ReadWriteMany), or an
+    emptyDir per pod (`claim_name` None: each pod's own, not shared)."""
+
+    size_gb: float
+    claim_name: str | None = None
+
+
+@dataclass(frozen=True)
+class KVOffload:
+    """HiCache (--enable-hierarchical-cache): a host tier, and optionally a storage tier."""
+
+    host_ratio: float | None = None
+    host_size_gb: float | None = None
+    write_policy: str | None = None
+    file: FileStorage | None = None
+
+
+@dataclass(frozen=True)
 class KVCache:
     page_size: int | None = None
     memory_fraction: float | None = None
     max_total_tokens: int | None = None
+    offload: KVOffload | None = None
 
 
 @dataclass(frozen=True)

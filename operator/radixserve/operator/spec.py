@@ -13,7 +13,11 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from radixserve.operator.flag_choices import ENGINE_POLICIES, ROUTER_POLICIES
+from radixserve.operator.flag_choices import (
+    ENGINE_POLICIES,
+    HICACHE_WRITE_POLICIES,
+    ROUTER_POLICIES,
+)
 from radixserve.operator.schema import (
     DECODE,
     PREFILL,
@@ -21,10 +25,12 @@ from radixserve.operator.schema import (
     Autoscaling,
     BuiltinSource,
     EngineSpec,
+    FileStorage,
     HostPathSource,
     HuggingFaceSource,
     InferenceServiceSpec,
     KVCache,
+    KVOffload,
     ModelSource,
     ModelSpec,
     Parallelism,
@@ -69,6 +75,12 @@ MANAGED_ENGINE_FLAGS = MappingProxyType(
         "--page-size": "spec.engine.kvCache.pageSize",
         "--mem-fraction-static": "spec.engine.kvCache.memoryFraction",
         "--max-total-tokens": "spec.engine.kvCache.maxTotalTokens",
+        "--enable-hierarchical-cache": "spec.engine.kvCache.offload",
+        "--hicache-ratio": "spec.engine.kvCache.offload.hostRatio",
+        "--hicache-size": "spec.engine.kvCache.offload.hostSizeGB",
+        "--hicache-write-policy": "spec.engine.kvCache.offload.writePolicy",
+        "--hicache-storage-backend": "spec.engine.kvCache.offload.storage",
+        "--hicache-storage-backend-extra-config": "spec.engine.kvCache.offload.storage",
         "--schedule-policy": "spec.engine.scheduler.policy",
         "--chunked-prefill-size": "spec.engine.scheduler.chunkedPrefillSize",
         "--max-running-requests": "spec.engine.scheduler.maxRunningRequests",
@@ -224,7 +236,12 @@ def _dtype(pool: EngineSpec) -> str:
 def _check_pair(prefill: EngineSpec, decode: EngineSpec) -> None:
     """What must agree for the prefill's KV pages to be the decode's: the page size, the KV
     dtype (--dtype, which `auto` resolves per device, so the device too). The model is one
-    spec.model for both."""
+    spec.model for both. A decode pool keeps no radix cache, so no HiCache either."""
+    if decode.kv_cache.offload is not None:
+        raise SpecError(
+            "spec.decode.kvCache.offload",
+            "a decode pool keeps no prefix cache to offload; set it on spec.prefill",
+        )
     pairs = (
         ("kvCache.pageSize", prefill.kv_cache.page_size or 1, decode.kv_cache.page_size or 1),
         ("device", prefill.device, decode.device),
@@ -367,14 +384,46 @@ def _parallelism(r: _Reader) -> Parallelism:
 
 
 def _kv_cache(r: _Reader) -> KVCache:
-    r.only("pageSize", "memoryFraction", "maxTotalTokens")
+    r.only("pageSize", "memoryFraction", "maxTotalTokens", "offload")
     fraction = r.number("memoryFraction", None)
     if fraction is not None and not 0 < fraction < 1:
         raise SpecError(r.at("memoryFraction"), f"must be in (0, 1), got {fraction}")
+    offload = r.data.get("offload")
     return KVCache(
         page_size=r.integer("pageSize", None, 1),
         memory_fraction=fraction,
         max_total_tokens=r.integer("maxTotalTokens", None, 1),
+        offload=None if offload is None else _offload(r.child("offload")),
+    )
+
+
+def _positive(r: _Reader, key: str) -> float | None:
+    value = r.number(key, None)
+    if value is not None and not value > 0:
+        raise SpecError(r.at(key), f"must be > 0, got {value}")
+    return value
+
+
+def _offload(r: _Reader) -> KVOffload:
+    r.only("hostRatio", "hostSizeGB", "writePolicy", "storage")
+    ratio, size = _positive(r, "hostRatio"), _positive(r, "hostSizeGB")
+    if ratio is not None and size is not None:
+        raise SpecError(r.at("hostSizeGB"), "set hostRatio or hostSizeGB, not both")
+    storage = r.child("storage")
+    storage.only("file")
+    file = None
+    if storage.data.get("file") is not None:
+        f = storage.child("file")
+        f.only("sizeGB", "claimName")
+        size_gb = _positive(f, "sizeGB")
+        if size_gb is None:
+            raise SpecError(f.at("sizeGB"), "is required")
+        file = FileStorage(size_gb, f.string("claimName", None))
+    return KVOffload(
+        host_ratio=ratio,
+        host_size_gb=size,
+        write_policy=r.string("writePolicy", None, HICACHE_WRITE_POLICIES),
+        file=file,
     )
 
 
