@@ -12,6 +12,7 @@
 # mean and p99 TTFT and output throughput, then the load-back and prefill cost per token.
 #
 #   scripts/bench_hicache.sh            (this checkout's `radixserve` on PATH; an idle machine)
+#   SERVERS="storage big-pool" scripts/bench_hicache.sh    (some of the four only)
 set -euo pipefail
 POOL=${POOL:-4096}
 HOST_RATIO=${HOST_RATIO:-4}
@@ -49,8 +50,7 @@ wait_ready() {
 run() {  # NAME FLAGS...
     local name=$1; shift
     rm -rf "${store:?}"/*
-    # shellcheck disable=SC2068
-    setsid radixserve serve --port "$port" --page-size "$PAGE" $@ >"$out/$name.log" 2>&1 &
+    setsid radixserve serve --port "$port" --page-size "$PAGE" "$@" >"$out/$name.log" 2>&1 &
     server_pgid=$!
     wait_ready
     for s in $(seq "$SAMPLES"); do
@@ -65,12 +65,17 @@ run() {  # NAME FLAGS...
     stop_server
 }
 
-run none --max-total-tokens "$POOL"
-run host --max-total-tokens "$POOL" --enable-hierarchical-cache --hicache-ratio "$HOST_RATIO"
-run storage --max-total-tokens "$POOL" --enable-hierarchical-cache --hicache-ratio 1 \
-    --hicache-storage-backend file \
-    --hicache-storage-backend-extra-config "{\"file_storage_path\": \"$store\"}"
-run big-pool --max-total-tokens $((POOL * (1 + HOST_RATIO)))
+for server in ${SERVERS:-none host storage big-pool}; do
+    case $server in
+        none) run none --max-total-tokens "$POOL" ;;
+        host) run host --max-total-tokens "$POOL" --enable-hierarchical-cache \
+            --hicache-ratio "$HOST_RATIO" ;;
+        storage) run storage --max-total-tokens "$POOL" --enable-hierarchical-cache \
+            --hicache-ratio 1 --hicache-storage-backend file \
+            --hicache-storage-backend-extra-config "{\"file_storage_path\": \"$store\"}" ;;
+        big-pool) run big-pool --max-total-tokens $((POOL * (1 + HOST_RATIO))) ;;
+    esac
+done
 
 python - "$out" "$SAMPLES" <<'PY'
 import json

@@ -294,7 +294,7 @@ def test_a_host_tier_prefix_counts_at_its_credit() -> None:
 
 
 @pytest.mark.parametrize(
-    "value", ["host", "host=2", "host=-0.1", "disk=0.5", "host=abc", "host=0.5,storage=0.2"]
+    "value", ["host", "host=2", "host=-0.1", "disk=0.5", "host=abc", "host=0.5,storage=1.2"]
 )
 def test_a_bad_tier_credit_is_refused_naming_the_flag(value: str) -> None:
     with pytest.raises(ValueError, match="^cache_tier_credit: "):
@@ -302,5 +302,5 @@ def test_a_bad_tier_credit_is_refused_naming_the_flag(value: str) -> None:
 
 
 def test_tier_credits_parse() -> None:
-    assert RouterConfig().tier_credits() == {"host": 0.75}
+    assert RouterConfig().tier_credits() == {"host": 0.75, "storage": 0.5}
     assert RouterConfig(cache_tier_credit="host=0").tier_credits() == {"host": 0.0}

@@ -1,11 +1,12 @@
 """The manifests the operator writes really start a working stack.
 
 Two example InferenceServices go through the operator's own spec parser and builders:
-`manifests/examples/smollm2-cpu.yaml` as it is, and `manifests/examples/qwen3-moe-dp-ep.yaml`
-(DP attention + expert parallelism) with a tiny random-weight Qwen3-MoE made in the test in
-place of the 30B checkpoint (a hostPath source), on the CPU at tp=2, dp=2, ep=2 with one
-replica (the rendered `--enable-dp-attention`, per-rank KV-event ports and all). Then, as
-processes on 127.0.0.1:
+`manifests/examples/smollm2-hicache.yaml` as it is (smollm2-cpu.yaml plus a host and a file
+storage tier, `kvCache.offload`; the storage folder moved to a local one per pod), and
+`manifests/examples/qwen3-moe-dp-ep.yaml` (DP attention + expert parallelism) with a tiny
+random-weight Qwen3-MoE made in the test in place of the 30B checkpoint (a hostPath source),
+on the CPU at tp=2, dp=2, ep=2 with one replica (the rendered `--enable-dp-attention`,
+per-rank KV-event ports and all). Then, as processes on 127.0.0.1:
 - each engine replica runs the engine container's command and args as rendered (only the
   port numbers are moved to free ones, and only where the args name the container's ports);
 - a Kubernetes API (kmock) serves the EndpointSlices the EndpointSlice controller would make
@@ -19,6 +20,7 @@ processes on 127.0.0.1:
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -34,9 +36,11 @@ import kmock
 import openai
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from radixserve.operator.builders import build_children
 from radixserve.operator.config import OperatorConfig
+from radixserve.operator.engine_manifests import HICACHE_DIR
 from radixserve.operator.meta import Owner
 from radixserve.operator.spec import parse_spec
 from tests.child_env import child_env
@@ -79,7 +83,7 @@ def tiny_moe_on_cpu(spec: dict[str, Any], tmp: Path) -> dict[str, Any]:
 
 CASES = {
     "smollm2": Case(
-        "smollm2-cpu.yaml",
+        "smollm2-hicache.yaml",
         "smollm2-135m",
         "You are a terse assistant for a shipping company. " * 12,
         ("Where is my parcel?", "Can I change the address?", "Do you ship abroad?"),
@@ -251,6 +255,9 @@ def stack(
                 "--kv-events-port": (ports["kv-events"], pod["kv-events"]),
             },
         )
+        # the storage tier's mount (an emptyDir per pod) becomes a folder of this pod's own
+        store = json.dumps(str(tmp / f"hicache-{i}"))
+        args = [a.replace(json.dumps(HICACHE_DIR), store) for a in args]
         pod_env = {**env, **{e["name"]: e["value"] for e in ec.get("env", []) if "value" in e}}
         engines.append(Proc([*ec["command"], *args], tmp / f"engine-{i}.log", pod_env))
         pods.append(pod)
@@ -366,3 +373,23 @@ def test_chat_through_the_router_reuses_the_cache(stack: dict[str, Any]) -> None
     for usage in usages[1:]:
         cached = usage.prompt_tokens_details.cached_tokens
         assert cached >= 100, usages
+
+
+def test_the_engine_runs_the_rendered_kv_offload(stack: dict[str, Any]) -> None:
+    """kvCache.offload reached the engine: its host tier has the rendered size (the ratio
+    times the KV pool) and reports on /metrics."""
+    ec, pods = stack["engines"]
+    if "--enable-hierarchical-cache" not in ec["args"]:
+        pytest.skip("this example has no kvCache.offload")
+    ratio = float(ec["args"][ec["args"].index("--hicache-ratio") + 1])
+    for pod in pods:
+        text = httpx.get(f"http://127.0.0.1:{pod['http']}/metrics", timeout=5).text
+        values = {
+            s.name: s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name.startswith("radixserve:hicache_host_total_tokens")
+            or s.name == "radixserve:max_total_num_tokens"
+        }
+        host = values["radixserve:hicache_host_total_tokens"]
+        assert host == ratio * 8192  # the example's maxTotalTokens

@@ -77,9 +77,10 @@ class RouterConfig:
     )
     # tier-aware scoring (HiCache): a prefix only in a lower tier is loaded back, not recomputed
     cache_tier_credit: str = option(
-        "host=0.75",
-        "how much a prefix held only in a worker's host tier counts, as a fraction of one "
-        "held in its KV pool (host=F, 0 ≤ F ≤ 1; host=0: tier-blind)",
+        "host=0.75,storage=0.5",
+        "how much a prefix held only in a worker's host tier, or only in the storage it reads, "
+        "counts, as a fraction of one held in its KV pool (host=F,storage=G, each in [0, 1]; "
+        "0: tier-blind)",
     )
     # approximate trees (ranks without KV events): per-rank token budget, LRU-trimmed
     approx_max_tokens: int = option(
@@ -209,12 +210,12 @@ class RouterConfig:
         self._check_pd()
 
     def tier_credits(self) -> dict[str, float]:
-        """--cache-tier-credit parsed: {"host": F}."""
+        """--cache-tier-credit parsed: {"host": F, "storage": G} (a tier not named: 0)."""
         name, out = "cache_tier_credit", {}
         for part in filter(None, (p.strip() for p in self.cache_tier_credit.split(","))):
             tier, sep, value = part.partition("=")
-            if tier != "host" or not sep:
-                raise ValueError(f"{name}: expected host=F, got {part!r}")
+            if tier not in ("host", "storage") or not sep:
+                raise ValueError(f"{name}: expected host=F and/or storage=G, got {part!r}")
             try:
                 credit = float(value)
             except ValueError:

@@ -44,6 +44,8 @@ class WorkerInfo:
     kv_endpoints: tuple[KVEndpoint, ...]
     # KV pool size in tokens per DP rank (`max_total_num_tokens`); () when the engine says not
     max_total_tokens: tuple[int, ...] = ()
+    # HiCache storage per DP rank (`dp_ranks[].hicache_storage_id`): equal ids share pages
+    storage_ids: tuple[str | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,16 @@ def parse_pool_sizes(info: dict[str, Any]) -> tuple[int, ...]:
     return pools if len(pools) == len(sizes) else ()
 
 
+def parse_storage_ids(info: dict[str, Any]) -> tuple[str | None, ...]:
+    """Each DP rank's HiCache storage id from radixserve's `/server_info` (None: no storage
+    tier, or an engine that does not say)."""
+    ranks = info.get("dp_ranks")
+    if not isinstance(ranks, list):
+        return ()
+    ids = [r.get("hicache_storage_id") if isinstance(r, dict) else None for r in ranks]
+    return tuple(i if isinstance(i, str) and i else None for i in ids)
+
+
 def parse_vllm_sources(sources: Any) -> tuple[KVEndpoint, ...]:
     """vLLM's `/kv_event_sources`: {rank: KVEventsConfig}; ranks without a zmq publisher or
     with events off are skipped (`tcp://*:port` is dialled on the worker's host)."""
@@ -162,6 +174,7 @@ async def _probe_sglang(get: Get, info: Any) -> WorkerInfo:
         max(1, int(info.get("dp_size") or 1)),
         parse_kv_endpoints(info),
         parse_pool_sizes(info),
+        parse_storage_ids(info),
     )
 
 

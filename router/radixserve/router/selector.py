@@ -61,11 +61,14 @@ class Selector:
         index: CacheIndex,
         policy: Policy,
         host_credit: float = 0.0,
+        storage_credit: float = 0.0,
     ) -> None:
         self.registry = registry
         self.index = index
         self.policy = policy
-        self.host_credit = host_credit  # a host-tier token's worth in device-cached tokens
+        # a host-tier / storage-tier token's worth, in KV-pool tokens (--cache-tier-credit)
+        self.host_credit = host_credit
+        self.storage_credit = storage_credit
         self.sessions: OrderedDict[str, RankKey] = OrderedDict()
 
     def views(self, tokens: Sequence[int] | None, exclude: Collection[str]) -> list[RankView]:
@@ -92,7 +95,7 @@ class Selector:
                 size,
                 worker.capacity_of(rank),
                 self.index.working_set_of((url, rank)),
-                int(self.host_credit * max(0, hit.host - hit.cached)),
+                self._tier_credit(hit),
             )
             out.append(view)
         return out
@@ -137,6 +140,13 @@ class Selector:
         load.in_flight += 1
         load.in_flight_tokens += lease.uncached
         return lease
+
+    def _tier_credit(self, hit: PrefixMatch) -> int:
+        """The credited prefix beyond the KV pool's: host tokens past it, then storage tokens
+        past both, each at its tier's credit."""
+        host_extra = max(0, hit.host - hit.cached)
+        storage_extra = max(0, hit.storage - max(hit.cached, hit.host))
+        return int(self.host_credit * host_extra + self.storage_credit * storage_extra)
 
     def _sticky(self, session: str | None, views: list[RankView]) -> RankView | None:
         if session is None or session not in self.sessions:

@@ -41,8 +41,15 @@ def _pool(
     index = CacheIndex(approx_max_tokens=config.approx_max_tokens, overlay_limits=limits)
     registry = WorkerRegistry(config, client, index)
     chosen = replace(config, policy=policy) if policy != config.policy else config
-    host_credit = config.tier_credits().get("host", 0.0)
-    return index, registry, Selector(registry, index, make_policy(chosen), host_credit)
+    credits = config.tier_credits()
+    selector = Selector(
+        registry,
+        index,
+        make_policy(chosen),
+        credits.get("host", 0.0),
+        credits.get("storage", 0.0),
+    )
+    return index, registry, selector
 
 
 class TokenizerSource:

@@ -64,6 +64,7 @@ class Worker:
     dp_size: int = 1
     kv_endpoints: tuple[KVEndpoint, ...] = ()
     max_total_tokens: tuple[int, ...] = ()  # KV pool per DP rank, () when the worker says not
+    storage_ids: tuple[str | None, ...] = ()  # HiCache storage per DP rank (None: none)
     loads: dict[int, RankLoad] = field(default_factory=dict)
     health_successes: int = 0
     health_failures: int = 0
@@ -80,6 +81,11 @@ class Worker:
         """The rank's KV pool in tokens; 0 when unknown."""
         sizes = self.max_total_tokens
         return sizes[rank] if 0 <= rank < len(sizes) else 0
+
+    def storage_of(self, rank: int) -> str | None:
+        """The rank's HiCache storage id; None without one."""
+        ids = self.storage_ids
+        return ids[rank] if 0 <= rank < len(ids) else None
 
     def load_of(self, rank: int) -> RankLoad:
         return self.loads.setdefault(rank, RankLoad())
@@ -165,6 +171,7 @@ class WorkerRegistry:
             info.page_size, info.dp_size, info.model_name
         )  # fmt: skip
         worker.max_total_tokens = info.max_total_tokens
+        worker.storage_ids = info.storage_ids
         found = info.kv_endpoints
         worker.kv_endpoints = worker.kv_override if worker.kv_override is not None else found
 
@@ -211,7 +218,11 @@ class WorkerRegistry:
             by_rank = {e.dp_rank: e for e in worker.kv_endpoints}
             for key in worker.rank_keys():
                 self.index.add_rank(
-                    key, worker.page_size, by_rank.get(key[1]), worker.capacity_of(key[1])
+                    key,
+                    worker.page_size,
+                    by_rank.get(key[1]),
+                    worker.capacity_of(key[1]),
+                    worker.storage_of(key[1]),
                 )
             # Route only once the mirrors hold what the worker caches now (a router that
             # restarts beside warm workers); bounded, as a replay that never answers is one.

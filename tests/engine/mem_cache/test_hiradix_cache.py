@@ -166,6 +166,18 @@ def test_the_host_pool_stays_bounded_and_drops_its_least_recent_leaves() -> None
     assert w.check_match(prompts[0], truth) == 0  # the oldest was dropped
 
 
+def test_a_full_host_gives_up_copies_of_device_nodes_first() -> None:
+    w, truth = World(pool=32, host=16), {}
+    a, b = seq(0, 16), seq(100, 16)
+    w.put(a, truth)
+    w.put(b, truth)  # the host holds one copy: a's goes, the device still has a
+    assert w.cache.tier_sizes() == {"device": 16, "both": 16, "host": 0}
+    w.cache.evict(16)  # a is the oldest: copied down again, in place of b's copy
+    assert w.cache.tier_sizes() == {"device": 16, "both": 0, "host": 16}
+    assert w.check_match(a, truth) == 16
+    assert w.check_match(b, truth) == 16
+
+
 def test_without_device_room_the_host_part_is_recomputed_not_half_loaded() -> None:
     w, truth = World(pool=16, host=64), {}
     a = seq(0, 16)

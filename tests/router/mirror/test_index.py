@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 import torch
 
+from radixserve.engine.mem_cache.hicache_storage import HiCacheFile, StorageConfig
 from radixserve.engine.mem_cache.hiradix_cache import HiCacheConfig, HiRadixCache
 from radixserve.engine.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from radixserve.router.addresses import KVEndpoint, RankKey
@@ -221,8 +223,78 @@ def test_host_tier_events_feed_a_second_mirror() -> None:
             got = index.match_both(q, [key])[key]
             assert got.cached == r.cache.peek_prefix(q).length
             assert got.host == host_prefix(r.cache, q)
-        assert any(index.match_both(q, [key])[key].host > 100 for q in sent[-10:])
+        assert any(index.match_both(q, [key])[key].host > 100 for q in sent)
         await r.close()
+        await index.aclose()
+
+    run(scenario)
+
+
+def hi_replica(page: int, pool: int, host: int, storage: HiCacheFile | None = None) -> Replica:
+    r = fresh_replica(page, pool=pool)
+    device = MHATokenToKVPool(pool, page, torch.float32, 1, 2, 1, torch.device("cpu"))
+    r.cache = HiRadixCache(
+        ReqToTokenPool(2, 8, torch.device("cpu")), r.cache.allocator, device,
+        HiCacheConfig(host_size=host, storage=storage), page, "lru", True,
+    )  # fmt: skip
+    return r
+
+
+def test_a_shared_storage_mirror_credits_every_replica_that_reads_it(tmp_path: Path) -> None:
+    """Two HiCache replicas over one storage folder (same storage id): pages one of them
+    stored (DISK events) count as the other's storage prefix; a third replica with its own
+    folder sees none of them; a page the storage deletes leaves the mirror."""
+
+    async def scenario() -> None:
+        traffic = Traffic(5)
+        shared = [HiCacheFile(StorageConfig(tmp_path / "a", 1 << 30, "m")) for _ in range(2)]
+        own = HiCacheFile(StorageConfig(tmp_path / "b", 1 << 30, "m"))
+        reps = [hi_replica(4, 400, 800, s) for s in (*shared, own)]
+        keys = [(f"http://127.0.0.1:{i + 1}", 0) for i in range(3)]
+        ids = [s.storage_id() for s in (*shared, own)]
+        assert ids[0] == ids[1] != ids[2]
+        index = CacheIndex()
+        for key, rep, sid in zip(keys, reps, ids, strict=True):
+            index.add_rank(key, 4, rep.kv, storage_id=sid)
+        await index.start()
+        for rep in reps:
+            rep.serve()
+        sent = [traffic.prompt() for _ in range(6)]
+        for q in sent:
+            reps[0].insert(q)  # only the first replica computes them
+        for i in (1, 2):
+            reps[i].insert(traffic.prompt())
+
+        def poke() -> None:
+            for r in reps[1:]:
+                r.insert(traffic.prompt())
+
+        await until(
+            lambda: all(synced(index, k, r) for k, r in zip(keys, reps, strict=True)),
+            "synced",
+            poke,
+        )
+        for q in sent:
+            got = index.match_both(q, keys)
+            aligned = (len(q) // 4) * 4
+            assert got[keys[0]].storage == aligned  # written through to storage at insert
+            assert got[keys[1]].storage == aligned  # the same storage: the same prefix
+            assert got[keys[1]].cached <= len(traffic.system)  # its own pool: the shared head
+            assert got[keys[2]].storage <= len(traffic.system)  # another folder: its own only
+        shared[0].flush()
+        victim = reps[0].cache.match_prefix(sent[0]).last_node
+        name = shared[0].name_of(victim.page_digests[-1])
+        shared[0]._delete(name)  # as the capacity eviction does
+        reps[0].flush()
+        await until(
+            lambda: index.match_both(sent[0], keys)[keys[1]].storage < len(sent[0]) // 4 * 4,
+            "removed",
+            reps[0].flush,
+        )
+        for r in reps:
+            await r.close()
+        for s in (*shared, own):
+            s.close()
         await index.aclose()
 
     run(scenario)

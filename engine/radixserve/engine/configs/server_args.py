@@ -35,7 +35,19 @@ TRANSFER_BACKENDS = ("mooncake", "nixl", "fake")  # disaggregation.transfer
 GRAMMAR_BACKENDS = ("xgrammar", "none")
 # HiCache (mem_cache/hiradix_cache.py, docs/hicache.md): SGLang's flag names and choices
 HICACHE_WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
-HICACHE_STORAGE_BACKENDS = ("file",)  # constrained.create_grammar_backend
+HICACHE_STORAGE_BACKENDS = ("file", "mooncake")
+# --hicache-storage-backend-extra-config: each backend's keys and defaults (None: required)
+HICACHE_STORAGE_OPTIONS: dict[str, dict[str, Any]] = {
+    "file": {"file_storage_path": "/tmp/hicache", "file_storage_max_size_gb": 10.0},
+    "mooncake": {  # SGLang's names for the Mooncake store's client
+        "master_server_address": None,
+        "local_hostname": "127.0.0.1",
+        "protocol": "tcp",
+        "device_name": "",
+        "global_segment_size": 1 << 30,
+        "local_buffer_size": 256 << 20,
+    },
+}  # constrained.create_grammar_backend
 # SGLang's parser names (entrypoints/tool_calls, entrypoints/reasoning): checked here too, as
 # configs may not import the entrypoints
 TOOL_CALL_PARSERS = ("hermes", "qwen25", "qwen", "llama3", "mistral", "pythonic")
@@ -225,13 +237,16 @@ class ServerArgs:
     )
     hicache_storage_backend: str | None = option(
         None,
-        "a storage tier under the host tier, shared by replicas: file",
+        "a storage tier under the host tier, shared by replicas: file (a folder) or mooncake "
+        "(a Mooncake store)",
         choices=HICACHE_STORAGE_BACKENDS,
     )
     hicache_storage_backend_extra_config: str | None = option(
         None,
         'JSON for the storage backend; file: {"file_storage_path": "/tmp/hicache", '
-        '"file_storage_max_size_gb": 10}',
+        '"file_storage_max_size_gb": 10}; mooncake: {"master_server_address": "host:port", '
+        '"local_hostname", "protocol": "tcp", "device_name", "global_segment_size", '
+        '"local_buffer_size"}',
     )
     # structured outputs (docs/structured_outputs.md)
     grammar_backend: str = option(
@@ -416,7 +431,8 @@ class ServerArgs:
         self.hicache_storage_options()  # a malformed extra config fails at start-up
 
     def hicache_storage_options(self) -> dict[str, Any]:
-        """--hicache-storage-backend-extra-config, parsed and checked (defaults filled)."""
+        """--hicache-storage-backend-extra-config, parsed and checked against the backend's
+        keys (defaults filled)."""
         name = "hicache_storage_backend_extra_config"
         raw = self.hicache_storage_backend_extra_config
         try:
@@ -424,17 +440,20 @@ class ServerArgs:
         except json.JSONDecodeError as exc:
             raise ValueError(f"{name}: not JSON ({exc})") from None
         _check(isinstance(given, dict), name, "must be a JSON object")
-        known = {"file_storage_path": "/tmp/hicache", "file_storage_max_size_gb": 10.0}
+        known = HICACHE_STORAGE_OPTIONS[self.hicache_storage_backend or "file"]
         unknown = sorted(set(given) - set(known))
         _check(not unknown, name, f"unknown keys {unknown}; known: {sorted(known)}")
         options = {**known, **given}
-        size = options["file_storage_max_size_gb"]
-        _check(
-            isinstance(size, int | float) and size > 0,
-            name,
-            f"file_storage_max_size_gb must be a number > 0, got {size!r}",
-        )
-        _check(isinstance(options["file_storage_path"], str), name, "file_storage_path: a path")
+        missing = sorted(k for k, v in options.items() if v is None)
+        _check(not missing, name, f"{self.hicache_storage_backend} needs {missing}")
+        for key, default in known.items():
+            value, text = options[key], isinstance(default, str | None)
+            if text:
+                ok = isinstance(value, str)
+            else:
+                ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+            want = "a string" if text else "a number > 0"
+            _check(ok, name, f"{key}: expected {want}, got {value!r}")
         return options
 
     def _check_disaggregation(self) -> None:

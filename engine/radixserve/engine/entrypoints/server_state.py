@@ -63,6 +63,8 @@ class ServerState:
                     "dp_rank": r.get("dp_rank", i),
                     "max_total_num_tokens": r.get("max_total_num_tokens"),
                     "max_running_requests": r.get("max_running_requests"),
+                    # HiCache: ranks with the same id read each other's storage pages
+                    "hicache_storage_id": r.get("hicache_storage_id"),
                 }
                 for i, r in enumerate(self.children.rank_infos or [info])
             ],

@@ -22,6 +22,8 @@ import logging
 import os
 import queue
 import threading
+import time
+import uuid
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -62,6 +64,16 @@ class HiCacheStorage(ABC):
     def used_bytes(self) -> int: ...
 
     @abstractmethod
+    def storage_id(self) -> str | None:
+        """Names what this backend reads: equal for every replica and rank layout that can
+        read each other's pages (routers group replicas by it); None: not mirrorable."""
+
+    @abstractmethod
+    def take_removed(self) -> list[bytes]:
+        """Digests of this model's pages deleted since the last call (capacity, corruption),
+        whoever wrote them."""
+
+    @abstractmethod
     def flush(self) -> None:
         """Wait until every queued write landed."""
 
@@ -88,12 +100,35 @@ class HiCacheFile(HiCacheStorage):
         self._sizes: OrderedDict[str, int] = OrderedDict()  # file name → bytes, LRU first
         self._total = 0
         self._rescan()
+        self._removed: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         self._queue: queue.Queue[tuple[bytes, bytes] | None] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="hicache-file", daemon=True)
         self._writer.start()
 
     def name_of(self, digest: bytes) -> str:
         return digest.hex() + self._suffix
+
+    def storage_id(self) -> str:
+        """The folder's own id (made by the first process to open it) + model + layout."""
+        id_file = self.root / ".storage-id"
+        with contextlib.suppress(FileExistsError):
+            fd = os.open(id_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            with os.fdopen(fd, "w") as f:
+                f.write(uuid.uuid4().hex)
+        for _ in range(50):  # another process may be between its create and its write
+            folder = id_file.read_text().strip()
+            if folder:
+                return f"file:{folder}{self._suffix.removesuffix('.bin')}"
+            time.sleep(0.01)
+        raise OSError(f"{id_file} stays empty")
+
+    def take_removed(self) -> list[bytes]:
+        out = []
+        while True:
+            try:
+                out.append(self._removed.get_nowait())
+            except queue.Empty:
+                return out
 
     def exists(self, digest: bytes) -> bool:
         return (self.root / self.name_of(digest)).is_file()
@@ -179,6 +214,9 @@ class HiCacheFile(HiCacheStorage):
             (self.root / name).unlink()
         with self._lock:
             self._total -= self._sizes.pop(name, 0)
+        if name.endswith(self._suffix):  # this model's and layout's page: report it gone
+            with contextlib.suppress(ValueError):
+                self._removed.put(bytes.fromhex(name.removesuffix(self._suffix)))
 
     def _rescan(self) -> None:
         """Index every page file in the folder, least recently modified first (what this

@@ -1,10 +1,12 @@
 """HiRadixCache: the radix cache over three tiers, device pool → host pool → storage (HiCache).
 
 A node's KV lives on the device (`value`), in the host pool (`host_value`), or both. Tiers:
-- **device → host.** Evicting a device leaf *demotes* it when it has a host copy: its device
-  slots go back to the allocator and the node stays in the tree, host-only (`evicted`). A leaf
-  without a copy is backed up first under `write_back`; otherwise (and when the host pool is
-  full) it is dropped with the host-only nodes below it.
+- **device → host.** Evicting a device leaf *demotes* it: it is copied to host if it has no
+  copy yet (under `write_through_selective` only if it was hit twice), its device slots go back
+  to the allocator and the node stays in the tree, host-only (`evicted`). A leaf that gets no
+  copy (the host had no room) is dropped with the host-only nodes below it.
+- **Host room.** A copy that needs room first drops the host copies of nodes still on the
+  device (oldest first), then host-only leaves: the host keeps what the device does not.
 - **Writes to host** follow `--hicache-write-policy`: `write_through` copies a node when it is
   inserted, `write_through_selective` when a match has counted its second hit, `write_back`
   only when it is evicted.
@@ -24,7 +26,8 @@ writes land at different times.
 
 Events (medium per tier, SGLang's names; the device tier keeps "GPU" on a CPU engine too):
 BlockStored/BlockRemoved with medium GPU when device pages appear or go, CPU_PINNED when host
-copies do.
+copies do, DISK when pages are queued for storage or the storage deleted them (for whichever
+replica wrote them: replicas that share a storage id share one storage mirror in the router).
 """
 
 from __future__ import annotations
@@ -44,12 +47,13 @@ from radixserve.engine.mem_cache.memory_pool import MHATokenToKVPool, ReqToToken
 from radixserve.engine.mem_cache.memory_pool_host import HostKVPool
 from radixserve.engine.mem_cache.radix_cache import RadixCache
 from radixserve.engine.mem_cache.tree_node import TreeNode
-from radixserve.protocol import BlockRemoved
+from radixserve.protocol import BlockRemoved, KVCacheEvent
 from radixserve.protocol.block_hash import digest_to_int64, hash_pages
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 MEDIUM_DEVICE = "GPU"
 MEDIUM_HOST = "CPU_PINNED"
+MEDIUM_STORAGE = "DISK"
 
 
 @dataclass(slots=True)
@@ -261,12 +265,24 @@ class HiRadixCache(RadixCache):
         if self.storage is None or node.host_value is None:
             return
         ps = self.page_size
+        queued = False
         for i, digest in enumerate(node.page_digests):
             if only_missing and self.storage.exists(digest):
                 continue
             payload = self.host.read_tokens(node.host_value[i * ps : (i + 1) * ps])
             self.storage.set_async(digest, payload)
             self.stats.storage_written_pages += 1
+            queued = True
+        if queued and self.enable_events:  # announced as queued: the write lands shortly
+            self._record_stored(node, MEDIUM_STORAGE)
+
+    def take_events(self) -> list[KVCacheEvent]:
+        if self.storage is not None and self.enable_events:
+            self.events.extend(
+                BlockRemoved([digest_to_int64(d)], medium=MEDIUM_STORAGE)
+                for d in self.storage.take_removed()
+            )
+        return super().take_events()
 
     # ---- host copies ----------------------------------------------------------------------------
 
@@ -278,19 +294,40 @@ class HiRadixCache(RadixCache):
         return slots
 
     def _back_up(self, node: TreeNode) -> bool:
-        """Copy a device node to the host pool (and queue it for storage); False without room."""
-        if node.host_value is not None:
+        """Copy a device node to the host pool, with its ancestors that lack a copy (so what
+        the host holds is a whole prefix, as its events say), and queue them for storage;
+        False without room."""
+        path = self._path_to(node)
+        chain = [x for x in path if x.host_value is None]
+        if not chain:
             return True
-        slots = self._alloc_host(len(node.key))
+        for x in path:  # room is made by dropping other copies: never these
+            x.host_lock_ref += 1
+        try:
+            slots = self._alloc_host(sum(len(x.key) for x in chain))
+        finally:
+            for x in path:
+                x.host_lock_ref -= 1
         if slots is None:
             return False
-        self.host.backup_from_device(node.value, slots)
-        node.host_value = slots
-        self.stats.backup_tokens += len(node.key)
-        if self.enable_events:
-            self._record_stored(node, MEDIUM_HOST)
-        self._queue_storage(node)
+        offset = 0
+        for x in reversed(chain):  # root first: parents' events before their children's
+            x.host_value = slots[offset : offset + len(x.key)]
+            offset += len(x.key)
+            self.host.backup_from_device(x.value, x.host_value)
+            self.stats.backup_tokens += len(x.key)
+            if self.enable_events:
+                self._record_stored(x, MEDIUM_HOST)
+            self._queue_storage(x)
         return True
+
+    def _path_to(self, node: TreeNode) -> list[TreeNode]:
+        path = []
+        while node is not self.root:
+            path.append(node)
+            assert node.parent is not None
+            node = node.parent
+        return path
 
     def _back_up_hot(self, path: list[TreeNode]) -> None:
         if self.config.write_policy != "write_through_selective":
@@ -300,10 +337,11 @@ class HiRadixCache(RadixCache):
                 self._back_up(node)
 
     def evict_host(self, num_tokens: int) -> int:
-        """Free host slots of host-only leaves, least valuable first; returns tokens freed."""
+        """Free host slots, least valuable first: copies of nodes still on the device, then
+        host-only leaves (each queued for storage first, if it lacks it); returns tokens freed."""
+        freed = self._release_copies(num_tokens)
         heap = [self._heap_entry(n) for n in self._host_leaves()]
         heapq.heapify(heap)
-        freed = 0
         while freed < num_tokens and heap:
             _, _, leaf = heapq.heappop(heap)
             self._queue_storage(leaf, only_missing=True)  # demoted to storage, not lost
@@ -315,6 +353,43 @@ class HiRadixCache(RadixCache):
             if self._is_host_leaf(parent):
                 heapq.heappush(heap, self._heap_entry(parent))
         return freed
+
+    def _release_copies(self, num_tokens: int) -> int:
+        """Drop host copies of device-resident nodes (the device still serves them; evicting
+        one later copies it again if the host has room): the host then holds what the device
+        does not. A node with host-only nodes below it keeps its copy: their prefix."""
+        nodes = self._walk_all()
+        anchors: set[int] = set()
+        for node in nodes:
+            if node.evicted:
+                up = node.parent
+                while up is not None and up is not self.root and up.id not in anchors:
+                    anchors.add(up.id)
+                    up = up.parent
+        copies = [
+            n
+            for n in nodes
+            if not n.evicted
+            and n.host_value is not None
+            and n.host_lock_ref == 0
+            and n.id not in anchors
+        ]
+        freed = 0
+        for node in sorted(copies, key=lambda n: self._heap_entry(n)[:2]):
+            if freed >= num_tokens:
+                break
+            self._queue_storage(node, only_missing=True)
+            self._free_host(node)
+            freed += len(node.key)
+        return freed
+
+    def _walk_all(self) -> list[TreeNode]:
+        out, stack = [], list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
 
     def _heap_entry(self, node: TreeNode) -> tuple[tuple[float, ...], int, TreeNode]:
         return (eviction_key(self.eviction_policy, node), node.id, node)
@@ -351,11 +426,11 @@ class HiRadixCache(RadixCache):
         freed = 0
         while freed < num_tokens and heap:
             _, _, leaf = heapq.heappop(heap)
-            if self.config.write_policy == "write_back":
-                self._back_up(leaf)
             parent = leaf.parent
             assert parent is not None
-            if leaf.host_value is not None:
+            # demote (copied, with any ancestor that lacks a copy) rather than drop
+            keep = leaf.host_value is not None or self._worth_keeping(leaf)
+            if keep and self._back_up(leaf):
                 self._demote(leaf)
             else:
                 self._drop(leaf)
@@ -363,6 +438,13 @@ class HiRadixCache(RadixCache):
             if self._is_device_leaf(parent):
                 heapq.heappush(heap, self._heap_entry(parent))
         return freed
+
+    def _worth_keeping(self, node: TreeNode) -> bool:
+        """Whether an evicted node without a host copy is copied down: always, but under
+        write_through_selective only once it was hit often enough."""
+        if self.config.write_policy == "write_through_selective":
+            return node.hit_count >= self.write_threshold
+        return True
 
     def _is_device_leaf(self, node: TreeNode) -> bool:
         return (

@@ -34,6 +34,7 @@ from radixserve.engine.models.base import CausalLM
 from radixserve.engine.sampling import SamplingParams, make_generator
 from radixserve.engine.scheduler.req import Req, StopCriteria
 from radixserve.engine.scheduler.scheduler import Scheduler
+from radixserve.engine.scheduler.tree_cache_setup import storage_id
 
 
 def stop_criteria(params: SamplingParams, eos_ids: frozenset[int]) -> StopCriteria:
@@ -136,6 +137,7 @@ class SchedulerCore:
             "max_req_input_len": sched.max_req_input_len,
             "max_running_requests": sched.max_running_requests,
             "context_len": self.model_config.context_len,
+            "hicache_storage_id": storage_id(sched.tree_cache),
         }
 
     def close(self) -> None:

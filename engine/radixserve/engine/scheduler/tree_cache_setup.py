@@ -9,6 +9,7 @@ from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.ipc.messages import HiCacheLoad
 from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache
 from radixserve.engine.mem_cache.chunk_cache import ChunkCache
+from radixserve.engine.mem_cache.hicache_mooncake import HiCacheMooncake, MooncakeConfig
 from radixserve.engine.mem_cache.hicache_storage import HiCacheFile, HiCacheStorage, StorageConfig
 from radixserve.engine.mem_cache.hiradix_cache import HiCacheConfig, HiRadixCache
 from radixserve.engine.mem_cache.memory_pool_host import host_pool_tokens
@@ -57,11 +58,26 @@ def _storage(args: ServerArgs, runner: ModelRunner) -> HiCacheStorage | None:
         return None
     options = args.hicache_storage_options()
     dtype = str(runner.token_to_kv_pool.dtype).removeprefix("torch.")
+    tag = f"{args.served_model_name or args.model_path}-{dtype}"
     tp = runner.groups.attn_tp  # each attention-TP rank holds (and stores) its own heads
+    if args.hicache_storage_backend == "mooncake":
+        return HiCacheMooncake(
+            MooncakeConfig(
+                master_server_address=options["master_server_address"],
+                model_tag=tag,
+                tp_rank=tp.rank,
+                tp_size=tp.size,
+                local_hostname=options["local_hostname"],
+                protocol=options["protocol"],
+                device_name=options["device_name"],
+                global_segment_size=int(options["global_segment_size"]),
+                local_buffer_size=int(options["local_buffer_size"]),
+            )
+        )
     config = StorageConfig(
         path=Path(options["file_storage_path"]),
         capacity_bytes=int(float(options["file_storage_max_size_gb"]) * (1 << 30)),
-        model_tag=f"{args.served_model_name or args.model_path}-{dtype}",
+        model_tag=tag,
         tp_rank=tp.rank,
         tp_size=tp.size,
     )
@@ -87,3 +103,10 @@ def hicache_load(cache: BasePrefixCache) -> HiCacheLoad | None:
         storage_pending_writes=0 if storage is None else storage.pending_writes(),
         storage_used_bytes=0 if storage is None else storage.used_bytes(),
     )
+
+
+def storage_id(cache: BasePrefixCache) -> str | None:
+    """What the rank's storage tier reads (replicas with the same id share pages), or None."""
+    if isinstance(cache, HiRadixCache) and cache.storage is not None:
+        return cache.storage.storage_id()
+    return None

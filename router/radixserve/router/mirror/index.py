@@ -14,7 +14,9 @@ Tiers (HiCache): events whose `medium` names a host tier (SGLang's `CPU_PINNED`,
 `CPU`) go to a second mirror of the rank, made on the first such event, so tier-blind engines
 cost nothing extra. `match_both` then reports, beside the device prefix, the prefix the host
 mirror holds: the engine loads that part back instead of recomputing it. Storage media
-(`DISK`, `EXTERNAL`) are not mirrored yet.
+(`DISK`, `EXTERNAL`) go to a storage mirror shared by every rank that reports the same storage
+id (`/server_info` `dp_ranks[].hicache_storage_id`): a page one replica stored counts for all
+that read the same storage.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class PrefixMatch(NamedTuple):
     cached: int
     inflight: int = 0
     host: int = 0  # the prefix the rank's host tier holds (0: none, or a tier-blind engine)
+    storage: int = 0  # the prefix the rank's storage tier holds (shared with its storage group)
 
 
 class HostMirror:
@@ -101,6 +104,7 @@ class _RankCache:
     # the prompts routed there most recently, up to RECENT_POOLS × its KV pool (pool known)
     recent: ApproxTree | None = None
     host: HostMirror | None = None  # events ranks: its host tier (HiCache)
+    storage: HostMirror | None = None  # its storage group's mirror (shared), None: no storage
 
     def matching_tree(self) -> MirrorTree | ApproxTree:
         """The exact mirror, or the approximate view while the rank's stream is lost."""
@@ -135,6 +139,7 @@ class CacheIndex:
         self._own_ctx = ctx is None
         self._ctx = ctx if ctx is not None else zmq.asyncio.Context()
         self._ranks: dict[RankKey, _RankCache] = {}
+        self._storage: dict[str, HostMirror] = {}  # storage id → the mirror its ranks share
         self._started = False
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -155,12 +160,18 @@ class CacheIndex:
 
     # ---- ranks --------------------------------------------------------------------------------
 
-    def add_rank(
-        self, key: RankKey, page_size: int, kv: KVEndpoint | None = None, pool_tokens: int = 0
+    def add_rank(  # noqa: PLR0913 - what a worker's probe says of one rank
+        self,
+        key: RankKey,
+        page_size: int,
+        kv: KVEndpoint | None = None,
+        pool_tokens: int = 0,
+        storage_id: str | None = None,
     ) -> None:
         """Follow a rank: by its KV events when `kv` is given, else approximately. Adding the
         same rank again with the same settings does nothing; with others is an error.
-        `pool_tokens` (its KV pool, 0: unknown) sizes the recent working set it keeps."""
+        `pool_tokens` (its KV pool, 0: unknown) sizes the recent working set it keeps;
+        `storage_id` names its HiCache storage (ranks with one id share a storage mirror)."""
         if not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"page_size: must be an integer ≥ 1, got {page_size!r}")
         if not isinstance(pool_tokens, int) or pool_tokens < 0:
@@ -179,6 +190,11 @@ class CacheIndex:
             return
         tree = MirrorTree(page_size, self.max_orphans)
         host = HostMirror(page_size, self.max_orphans)
+        storage = None
+        if storage_id is not None:
+            storage = self._storage.setdefault(
+                f"{storage_id}#{page_size}", HostMirror(page_size, self.max_orphans)
+            )
         overlay = InflightOverlay(page_size, self.overlay_limits)
         name = f"{key[0]}#{key[1]}"
 
@@ -188,7 +204,7 @@ class CacheIndex:
 
         subscriber = KVEventSubscriber(
             kv,
-            on_batch=lambda batch: self._apply(name, tree, host, overlay, batch),
+            on_batch=lambda batch: self._apply(name, tree, host, storage, overlay, batch),
             on_reset=reset,
             ctx=self._ctx,
             replay_timeout_s=self.replay_timeout_s,
@@ -196,7 +212,7 @@ class CacheIndex:
         )
         fallback = ApproxTree(min(self.approx_max_tokens, FALLBACK_MAX_TOKENS))
         self._ranks[key] = _RankCache(
-            page_size, kv, tree, subscriber, overlay, fallback, recent, host
+            page_size, kv, tree, subscriber, overlay, fallback, recent, host, storage
         )
         if self._started:
             subscriber.start()
@@ -261,8 +277,9 @@ class CacheIndex:
                 out[key] = PrefixMatch(0)
             elif cache.overlay is not None and cache.matching_tree() is cache.tree:
                 host = cache.host.match_encoded(q) if cache.host is not None else 0
+                stored = cache.storage.match_encoded(q) if cache.storage is not None else 0
                 out[key] = PrefixMatch(
-                    cache.tree.match_encoded(q), cache.overlay.match_encoded(q), host
+                    cache.tree.match_encoded(q), cache.overlay.match_encoded(q), host, stored
                 )
             else:  # approx: its tree already holds the prompts routed there
                 n = cache.matching_tree().match_encoded(q)
@@ -337,6 +354,7 @@ class CacheIndex:
         name: str,
         tree: MirrorTree,
         host: HostMirror,
+        storage: HostMirror | None,
         overlay: InflightOverlay,
         batch: KVEventBatch,
     ) -> None:
@@ -345,7 +363,10 @@ class CacheIndex:
             try:
                 if medium in HOST_MEDIA:
                     host.apply(event)
-                elif medium not in STORAGE_MEDIA:
+                elif medium in STORAGE_MEDIA:
+                    if storage is not None:  # a storage nobody else can read is not scored
+                        storage.apply(event)
+                else:
                     tree.apply(event)
                     if isinstance(event, AllBlocksCleared):
                         host.clear()

@@ -1,0 +1,41 @@
+"""HiCache under tensor parallelism: each rank keeps its own heads in its own host tier and
+storage files, the ranks agree on every storage hit, and the greedy outputs equal the
+single-process run without tiers (tiny random-weight Llama, tp=2, the batch and pool of
+test_tp_generate.py: retractions, chunks, prefix hits). A second tp=2 engine over the first
+one's storage folder answers the same, reading what the first one wrote."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.engine.distributed.test_tp_generate import ARGS, PARAMS, _ids, prompts
+
+
+def _hicache(tmp: Path) -> dict[str, Any]:
+    extra = json.dumps({"file_storage_path": str(tmp)})
+    return {
+        **ARGS, "tp_size": 2, "enable_hierarchical_cache": True, "hicache_ratio": 4.0,
+        "hicache_storage_backend": "file", "hicache_storage_backend_extra_config": extra,
+    }  # fmt: skip
+
+
+def test_tp_hicache_from_host_and_storage_equals_single_process(
+    greedy_reference: Any, tmp_path: Path
+) -> None:
+    from radixserve.engine import Engine
+
+    batch = prompts()
+    folder, want = greedy_reference("llama", 3)
+    with Engine(model_path=str(folder), **_hicache(tmp_path)) as engine:
+        assert _ids(engine.generate(input_ids=batch, sampling_params=PARAMS)) == want
+        assert _ids(engine.generate(input_ids=batch, sampling_params=PARAMS)) == want
+        (load,) = engine.get_load()
+        assert load["hicache"]["host_hit_tokens"] > 0  # the pool of 256 evicted to host
+    for rank in (0, 1):  # each rank stored its own heads under its own names
+        assert list(tmp_path.glob(f"*_{rank}_2.bin"))
+    with Engine(model_path=str(folder), **_hicache(tmp_path)) as second:
+        assert _ids(second.generate(input_ids=batch, sampling_params=PARAMS)) == want
+        (load,) = second.get_load()
+        assert load["hicache"]["storage_hit_tokens"] > 0
