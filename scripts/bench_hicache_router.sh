@@ -6,7 +6,8 @@
 #   aware   --cache-tier-credit host=0.75,storage=0.5 (the default)
 #   blind   --cache-tier-credit host=0,storage=0      (only the KV pools count)
 # Reports, per run and sample, the engine-reported cached-token ratio (meta_info.cached_tokens,
-# which counts prefixes loaded back from host or storage), mean / p99 TTFT and throughput.
+# which counts prefixes loaded back from host or storage), mean / p99 TTFT and throughput, and
+# per run the engines' prefix hits by tier (their /metrics, summed over the three).
 #
 #   scripts/bench_hicache_router.sh     (this checkout's `radixserve` on PATH; an idle machine)
 set -euo pipefail
@@ -59,6 +60,7 @@ run() {  # NAME CREDIT
             --max-concurrency "$IN_FLIGHT" --seed "$s" \
             --output-file "$out/$name-sample$s.json" >/dev/null
     done
+    for i in 0 1 2; do curl -sf "${urls[$i]}/metrics" >"$out/$name-engine$i.metrics"; done
     stop_all
 }
 
@@ -78,4 +80,16 @@ for name in ("aware", "blind"):
         r = json.loads((out / f"{name}-sample{s}.json").read_text())["results"]
         print(f"| {name} | {s} | {r['cache_hit_rate']:.3f} | {r['mean_ttft_ms']:.0f} "
               f"| {r['p99_ttft_ms']:.0f} | {r['output_throughput']:.1f} |")
+from prometheus_client.parser import text_string_to_metric_families
+
+for name in ("aware", "blind"):
+    tiers = {}
+    for i in range(3):
+        text = (out / f"{name}-engine{i}.metrics").read_text()
+        for fam in text_string_to_metric_families(text):
+            for sample in fam.samples:
+                if sample.name == "radixserve:hicache_hit_tokens_total":
+                    tier = sample.labels["tier"]
+                    tiers[tier] = tiers.get(tier, 0) + int(sample.value)
+    print(f"{name}: prefix hits by tier (tokens, 3 engines): {tiers}")
 PY
