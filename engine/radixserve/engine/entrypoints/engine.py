@@ -24,6 +24,7 @@ from radixserve.engine.entrypoints.request_builder import (
     per_prompt_params,
 )
 from radixserve.engine.entrypoints.serve import build_state
+from radixserve.engine.ipc.messages import LoadOutput
 
 
 class Engine:
@@ -75,7 +76,7 @@ class Engine:
     def get_load(self) -> list[dict[str, Any]]:
         """Each DP rank's scheduler load (running, queued, tokens), by dp_rank."""
         loads = self._run(self.state.tokenizer_manager.get_load())
-        return [msgspec.structs.asdict(load) for load in loads]
+        return [_plain(load) for load in loads]
 
     def cached_tokens_per_rank(self) -> list[int]:
         """Tokens each DP rank's radix cache holds now (evictable + in use by requests)."""
@@ -95,3 +96,11 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _plain(load: LoadOutput) -> dict[str, Any]:
+    """A load as plain dicts, HiCache's nested counters included."""
+    out = msgspec.structs.asdict(load)
+    if load.hicache is not None:
+        out["hicache"] = msgspec.structs.asdict(load.hicache)
+    return out
