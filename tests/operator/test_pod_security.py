@@ -55,15 +55,28 @@ def test_every_pod_meets_the_restricted_profile(case: str) -> None:
             assert sc["readOnlyRootFilesystem"] is True, name
 
 
+def _storage_claim(case: dict[str, Any]) -> str | None:
+    """The HiCache storage claim the spec names: the one writable volume that may be shared."""
+    offload = case.get("engine", {}).get("kvCache", {}).get("offload") or {}
+    return (offload.get("storage", {}).get("file") or {}).get("claimName")
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_only_emptydirs_are_writable(case: str) -> None:
+    """Writable: emptyDirs, and only else the HiCache storage claim the spec itself names."""
+    claim = _storage_claim(CASES[case])
     for name, template in _pods(CASES[case]).items():
         pod = template["spec"]
         volumes = {v["name"]: v for v in pod.get("volumes", [])}
         for c in pod["containers"]:
             writable = [m for m in c.get("volumeMounts", []) if not m.get("readOnly")]
             for mount in writable:
-                assert "emptyDir" in volumes[mount["name"]], (name, mount)
+                volume = volumes[mount["name"]]
+                shared = volume.get("persistentVolumeClaim", {}).get("claimName")
+                if claim is not None and shared == claim:
+                    assert mount["mountPath"] == "/hicache", (name, mount)
+                    continue
+                assert "emptyDir" in volume, (name, mount)
             paths = {m["mountPath"] for m in writable}
             assert "/tmp" in paths, name
             if name.endswith("-engine"):
