@@ -30,9 +30,9 @@ def test_tp_hicache_from_host_and_storage_equals_single_process(
     folder, want = greedy_reference("llama", 3)
     with Engine(model_path=str(folder), **_hicache(tmp_path)) as engine:
         assert _ids(engine.generate(input_ids=batch, sampling_params=PARAMS)) == want
-        assert _ids(engine.generate(input_ids=batch, sampling_params=PARAMS)) == want
         (load,) = engine.get_load()
-        assert load["hicache"]["host_hit_tokens"] > 0  # the pool of 256 evicted to host
+        # the pool of 256 holds 2.5 of the 4 families: their prefixes come back from host
+        assert load["hicache"]["host_hit_tokens"] > 0
     for rank in (0, 1):  # each rank stored its own heads under its own names
         assert list(tmp_path.glob(f"*_{rank}_2.bin"))
     with Engine(model_path=str(folder), **_hicache(tmp_path)) as second:
