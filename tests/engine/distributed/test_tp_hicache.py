@@ -39,3 +39,20 @@ def test_tp_hicache_from_host_and_storage_equals_single_process(
         assert _ids(second.generate(input_ids=batch, sampling_params=PARAMS)) == want
         (load,) = second.get_load()
         assert load["hicache"]["storage_hit_tokens"] > 0
+
+
+def test_dp_attention_hicache_equals_single_process(greedy_reference: Any, tmp_path: Path) -> None:
+    """DP attention (tp=2, dp=2: a tree, a host tier and storage per DP rank; both DP ranks hold
+    the same heads, so they share their storage files): the single-process answers, host hits
+    on the ranks, and each DP rank's `/server_info` storage id is the same."""
+    from radixserve.engine import Engine
+
+    folder, want = greedy_reference("llama", 5)
+    args = {**_hicache(tmp_path), "dp_size": 2, "enable_dp_attention": True}
+    with Engine(model_path=str(folder), **args) as engine:
+        assert _ids(engine.generate(input_ids=prompts(), sampling_params=PARAMS)) == want
+        loads = engine.get_load()
+        assert [load["dp_rank"] for load in loads] == [0, 1]
+        assert sum(load["hicache"]["host_hit_tokens"] for load in loads) > 0
+        ids = {r["hicache_storage_id"] for r in engine.get_server_info()["dp_ranks"]}
+        assert len(ids) == 1 and None not in ids
