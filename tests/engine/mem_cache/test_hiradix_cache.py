@@ -216,6 +216,10 @@ def test_events_name_the_tier() -> None:
         ("BlockRemoved", "GPU"), ("BlockRemoved", "GPU"),  # demoted
         ("BlockStored", "GPU"), ("BlockStored", "GPU"),  # loaded back
     ]  # fmt: skip
+    w.cache.evict(8)
+    assert w.cache.cached_page_hashes() == []  # the pool's pages only: both went to host
+    w.cache.match_prefix(seq(0, 8))
+    assert len(w.cache.cached_page_hashes()) == 2
 
 
 # ---- storage ------------------------------------------------------------------------------------

@@ -527,6 +527,17 @@ class HiRadixCache(RadixCache):
 
     # ---- inspection -----------------------------------------------------------------------------
 
+    def cached_page_hashes(self) -> list[int]:
+        """Event hashes of the pages in the KV pool (what a router's device mirror holds; the
+        host tier's pages are its host mirror's)."""
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            if not node.evicted:
+                out += [digest_to_int64(d) for d in node.page_digests]
+                stack.extend(node.children.values())
+        return sorted(out)
+
     def host_tokens(self) -> int:
         """Tokens held by the host pool (duplicates of device nodes included)."""
         return self.host.size - self.host.available_size()
