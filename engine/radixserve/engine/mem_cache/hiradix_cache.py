@@ -339,8 +339,9 @@ class HiRadixCache(RadixCache):
     def evict_host(self, num_tokens: int) -> int:
         """Free host slots, least valuable first: copies of nodes still on the device, then
         host-only leaves (each queued for storage first, if it lacks it); returns tokens freed."""
-        freed = self._release_copies(num_tokens)
-        heap = [self._heap_entry(n) for n in self._host_leaves()]
+        nodes = list(self._nodes())
+        freed = self._release_copies(nodes, num_tokens)
+        heap = [self._heap_entry(n) for n in nodes if self._is_host_leaf(n)]
         heapq.heapify(heap)
         while freed < num_tokens and heap:
             _, _, leaf = heapq.heappop(heap)
@@ -354,11 +355,11 @@ class HiRadixCache(RadixCache):
                 heapq.heappush(heap, self._heap_entry(parent))
         return freed
 
-    def _release_copies(self, num_tokens: int) -> int:
+    def _release_copies(self, nodes: list[TreeNode], num_tokens: int) -> int:
         """Drop host copies of device-resident nodes (the device still serves them; evicting
         one later copies it again if the host has room): the host then holds what the device
-        does not. A node with host-only nodes below it keeps its copy: their prefix."""
-        nodes = self._walk_all()
+        does not. A node with host-only nodes below it keeps its copy: their prefix. `nodes`:
+        the whole tree."""
         anchors: set[int] = set()
         for node in nodes:
             if node.evicted:
@@ -369,7 +370,8 @@ class HiRadixCache(RadixCache):
         copies = [
             n
             for n in nodes
-            if not n.evicted
+            if n is not self.root
+            and not n.evicted
             and n.host_value is not None
             and n.host_lock_ref == 0
             and n.id not in anchors
@@ -383,14 +385,6 @@ class HiRadixCache(RadixCache):
             freed += len(node.key)
         return freed
 
-    def _walk_all(self) -> list[TreeNode]:
-        out, stack = [], list(self.root.children.values())
-        while stack:
-            node = stack.pop()
-            out.append(node)
-            stack.extend(node.children.values())
-        return out
-
     def _heap_entry(self, node: TreeNode) -> tuple[tuple[float, ...], int, TreeNode]:
         return (eviction_key(self.eviction_policy, node), node.id, node)
 
@@ -398,15 +392,6 @@ class HiRadixCache(RadixCache):
         return (
             node is not self.root and node.evicted and not node.children and node.host_lock_ref == 0
         )
-
-    def _host_leaves(self) -> list[TreeNode]:
-        out, stack = [], [self.root]
-        while stack:
-            node = stack.pop()
-            if self._is_host_leaf(node):
-                out.append(node)
-            stack.extend(node.children.values())
-        return out
 
     def _free_host(self, node: TreeNode) -> None:
         if node.host_value is None:
@@ -431,7 +416,7 @@ class HiRadixCache(RadixCache):
             # demote (copied, with any ancestor that lacks a copy) rather than drop
             keep = leaf.host_value is not None or self._worth_keeping(leaf)
             if keep and self._back_up(leaf):
-                self._demote(leaf)
+                self._free_device(leaf)  # demoted: the node stays, host-only
             else:
                 self._drop(leaf)
             freed += len(leaf.key)
@@ -472,49 +457,32 @@ class HiRadixCache(RadixCache):
                 BlockRemoved([digest_to_int64(d)], medium=MEDIUM_DEVICE) for d in node.page_digests
             )
 
-    def _demote(self, node: TreeNode) -> None:
-        self._free_device(node)
-
     def _drop(self, node: TreeNode) -> None:
-        """Remove an unbacked device leaf and the host-only nodes below it."""
+        """Remove a device leaf that could not be demoted, and the host-only nodes below it."""
         parent = node.parent
         assert parent is not None
         del parent.children[self._child_key(node.key)]
         self._free_device(node)
-        stack = list(node.children.values())
-        while stack:
-            below = stack.pop()
-            stack.extend(below.children.values())
+        # the node too: it may hold a copy whose ancestors could not get one (then it is dropped)
+        for below in self._nodes(node):
             self._free_host(below)
             self.stats.dropped_tokens += len(below.key)
-        self.stats.dropped_tokens += len(node.key)
 
     # ---- insert and split know about evicted nodes ----------------------------------------------
 
-    def insert(self, key: list[int], value: torch.Tensor) -> int:
-        """As RadixCache.insert; an evicted node on the way takes the caller's slots for its
-        tokens (they hold the same KV), so only the device-resident prefix counts as cached."""
-        node, prefix, on_device = self.root, 0, True
-        now = time.monotonic()
-        while key:
-            child = node.children.get(self._child_key(key))
-            if child is None:
-                break
-            child.last_access_time = now
-            n = self._match_len(child.key, key)
-            if n < len(child.key):
-                child = self._split_node(child, n)
-            if child.evicted:
-                on_device = False
-                self._set_device(child, value[:n].clone())
-            elif on_device:
-                prefix += n
-            node, key, value = child, key[n:], value[n:]
-        if key:
-            self._add_leaf(node, key, value.clone())
-            if self.config.write_policy == "write_through":
-                self._back_up(node.children[self._child_key(key)])
-        return prefix
+    def _holds(self, node: TreeNode, slots: torch.Tensor) -> bool:
+        """An evicted node met by insert takes the caller's slots for its tokens (they hold the
+        same KV), so only the device-resident prefix counts as cached."""
+        if not node.evicted:
+            return True
+        self._set_device(node, slots.clone())
+        return False
+
+    def _add_leaf(self, parent: TreeNode, key: list[int], value: torch.Tensor) -> TreeNode:
+        leaf = super()._add_leaf(parent, key, value)
+        if self.config.write_policy == "write_through":
+            self._back_up(leaf)
+        return leaf
 
     def _split_node(self, child: TreeNode, n: int) -> TreeNode:
         upper = super()._split_node(child, n)
@@ -530,13 +498,8 @@ class HiRadixCache(RadixCache):
     def cached_page_hashes(self) -> list[int]:
         """Event hashes of the pages in the KV pool (what a router's device mirror holds; the
         host tier's pages are its host mirror's)."""
-        out, stack = [], [self.root]
-        while stack:
-            node = stack.pop()
-            if not node.evicted:
-                out += [digest_to_int64(d) for d in node.page_digests]
-                stack.extend(node.children.values())
-        return sorted(out)
+        pages = (n.page_digests for n in self._nodes() if not n.evicted)
+        return sorted(digest_to_int64(d) for digests in pages for d in digests)
 
     def host_tokens(self) -> int:
         """Tokens held by the host pool (duplicates of device nodes included)."""
@@ -545,10 +508,9 @@ class HiRadixCache(RadixCache):
     def tier_sizes(self) -> dict[str, int]:
         """Tokens per residency: device only, both, host only."""
         sizes = {"device": 0, "both": 0, "host": 0}
-        stack = list(self.root.children.values())
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
+        for node in self._nodes():
+            if node is self.root:
+                continue
             if node.evicted:
                 sizes["host"] += len(node.key)
             elif node.host_value is not None:

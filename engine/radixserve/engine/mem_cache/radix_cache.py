@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -78,12 +79,15 @@ class RadixCache(BasePrefixCache):
     def cached_page_hashes(self) -> list[int]:
         """Event hashes (int64) of every page in the tree, for mirrors to compare against
         (empty when events are off: pages are hashed only for the event stream)."""
-        out, stack = [], [self.root]
+        return sorted(digest_to_int64(d) for n in self._nodes() for d in n.page_digests)
+
+    def _nodes(self, top: TreeNode | None = None) -> Iterator[TreeNode]:
+        """`top` (default: the root, which holds nothing) and every node below it."""
+        stack = [self.root if top is None else top]
         while stack:
             node = stack.pop()
-            out += [digest_to_int64(d) for d in node.page_digests]
+            yield node
             stack.extend(node.children.values())
-        return sorted(out)
 
     def _child_key(self, key: list[int]) -> int | tuple[int, ...]:
         return key[0] if self.page_size == 1 else tuple(key[: self.page_size])
@@ -170,7 +174,7 @@ class RadixCache(BasePrefixCache):
     def insert(self, key: list[int], value: torch.Tensor) -> int:
         """Insert key → value (page-aligned lengths); returns how many leading tokens were
         already cached (their slots in `value` are duplicates the caller must free)."""
-        node, prefix = self.root, 0
+        node, prefix, counting = self.root, 0, True
         now = time.monotonic()
         while key:
             child = node.children.get(self._child_key(key))
@@ -180,13 +184,21 @@ class RadixCache(BasePrefixCache):
             n = self._match_len(child.key, key)
             if n < len(child.key):
                 child = self._split_node(child, n)
-            prefix += n
+            held = self._holds(child, value[:n])
+            counting = counting and held
+            prefix += n if counting else 0
             node, key, value = child, key[n:], value[n:]
         if key:
             self._add_leaf(node, key, value.clone())
         return prefix
 
-    def _add_leaf(self, parent: TreeNode, key: list[int], value: torch.Tensor) -> None:
+    def _holds(self, node: TreeNode, slots: torch.Tensor) -> bool:
+        """Insert met `node` on its way: True when the node holds these tokens' KV already
+        (the caller's `slots` for them are duplicates); a tiered cache may instead give an
+        evicted node the caller's slots and answer False."""
+        return True
+
+    def _add_leaf(self, parent: TreeNode, key: list[int], value: torch.Tensor) -> TreeNode:
         leaf = TreeNode(next(self._ids), parent=parent, key=list(key), value=value)
         parent.children[self._child_key(key)] = leaf
         self._evictable += len(key)
@@ -194,6 +206,7 @@ class RadixCache(BasePrefixCache):
             leaf.page_digests = hash_pages(leaf.key, self.page_size, parent.last_digest())
         if self.enable_events:
             self._record_stored(leaf)
+        return leaf
 
     def _split_node(self, child: TreeNode, n: int) -> TreeNode:
         """child → new (key[:n]) → child (key[n:]); returns the new upper node."""
@@ -272,13 +285,9 @@ class RadixCache(BasePrefixCache):
         return trimmed
 
     def _evictable_leaves(self) -> list[TreeNode]:
-        out, stack = [], [self.root]
-        while stack:
-            node = stack.pop()
-            if not node.children and node is not self.root and node.lock_ref == 0:
-                out.append(node)
-            stack.extend(node.children.values())
-        return out
+        return [
+            n for n in self._nodes() if not n.children and n is not self.root and n.lock_ref == 0
+        ]
 
     def _record_stored(self, leaf: TreeNode, medium: str | None = None) -> None:
         assert leaf.parent is not None
