@@ -12,8 +12,6 @@ no deletions and no storage id (the router cannot mirror what it is never told a
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,10 +38,7 @@ class HiCacheMooncake(HiCacheStorage):
         self.config = config
         self._suffix = f"_{_safe(config.model_tag)}_{config.tp_rank}_{config.tp_size}"
         self.store = store if store is not None else _connect(config)
-        self._queue: queue.Queue[tuple[bytes, bytes] | None] = queue.Queue()
-        self._writer = threading.Thread(target=self._write_loop, name="hicache-mooncake")
-        self._writer.daemon = True
-        self._writer.start()
+        self._start_writer("hicache-mooncake")
 
     def key_of(self, digest: bytes) -> str:
         return digest.hex() + self._suffix
@@ -61,12 +56,6 @@ class HiCacheMooncake(HiCacheStorage):
             self.store.remove(self.key_of(digest))
         return payload
 
-    def set_async(self, digest: bytes, payload: bytes) -> None:
-        self._queue.put((digest, payload))
-
-    def pending_writes(self) -> int:
-        return self._queue.qsize()
-
     def used_bytes(self) -> int:
         return 0  # the store's pool is shared and its master keeps the count
 
@@ -76,28 +65,15 @@ class HiCacheMooncake(HiCacheStorage):
     def take_removed(self) -> list[bytes]:
         return []
 
-    def flush(self) -> None:
-        self._queue.join()
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._writer.join(timeout=10)
+    def _close_backend(self) -> None:
         self.store.close()
 
-    def _write_loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                digest, payload = item
-                key = self.key_of(digest)
-                if int(self.store.is_exist(key)) != 1:
-                    rc = self.store.put(key, _pack(payload))
-                    if rc != 0:  # a full pool: the page is simply not stored
-                        logger.debug("hicache mooncake: put %s returned %s", key, rc)
-            finally:
-                self._queue.task_done()
+    def _write(self, digest: bytes, payload: bytes) -> None:
+        key = self.key_of(digest)
+        if int(self.store.is_exist(key)) != 1:
+            rc = self.store.put(key, _pack(payload))
+            if rc != 0:  # a full pool: the page is simply not stored
+                logger.debug("hicache mooncake: put %s returned %s", key, rc)
 
 
 def _connect(config: MooncakeConfig) -> Any:

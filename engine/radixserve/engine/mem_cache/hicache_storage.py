@@ -53,12 +53,50 @@ class HiCacheStorage(ABC):
     @abstractmethod
     def exists(self, digest: bytes) -> bool: ...
 
-    @abstractmethod
-    def set_async(self, digest: bytes, payload: bytes) -> None:
-        """Queue a write (skipped when the page is already stored)."""
+    _queue: queue.Queue[tuple[bytes, bytes] | None]
+    _writer: threading.Thread
+
+    def _start_writer(self, name: str) -> None:
+        """The one thread that writes: the scheduler only queues."""
+        self._queue = queue.Queue()
+        self._writer = threading.Thread(target=self._write_loop, name=name, daemon=True)
+        self._writer.start()
 
     @abstractmethod
-    def pending_writes(self) -> int: ...
+    def _write(self, digest: bytes, payload: bytes) -> None:
+        """Store one page, on the writer thread (skipped when the page is already stored)."""
+
+    def set_async(self, digest: bytes, payload: bytes) -> None:
+        """Queue a write."""
+        self._queue.put((digest, payload))
+
+    def pending_writes(self) -> int:
+        return self._queue.qsize()
+
+    def flush(self) -> None:
+        """Wait until every queued write landed."""
+        self._queue.join()
+
+    def close(self) -> None:
+        """Let the queued writes land (10 s at most), then release the backend."""
+        self._queue.put(None)
+        self._writer.join(timeout=10)
+        self._close_backend()
+
+    def _close_backend(self) -> None:  # noqa: B027 - a folder needs nothing
+        """Release what the backend holds (a store client)."""
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                self._write(*item)
+            except OSError as exc:  # a full or read-only disk: the page is simply not stored
+                logger.warning("hicache storage: write failed: %s", exc)
+            finally:
+                self._queue.task_done()
 
     @abstractmethod
     def used_bytes(self) -> int: ...
@@ -72,13 +110,6 @@ class HiCacheStorage(ABC):
     def take_removed(self) -> list[bytes]:
         """Digests of this model's pages deleted since the last call (capacity, corruption),
         whoever wrote them."""
-
-    @abstractmethod
-    def flush(self) -> None:
-        """Wait until every queued write landed."""
-
-    @abstractmethod
-    def close(self) -> None: ...
 
     def batch_exists(self, digests: list[bytes]) -> int:
         """How many leading digests are stored."""
@@ -101,9 +132,7 @@ class HiCacheFile(HiCacheStorage):
         self._total = 0
         self._rescan()
         self._removed: queue.SimpleQueue[bytes] = queue.SimpleQueue()
-        self._queue: queue.Queue[tuple[bytes, bytes] | None] = queue.Queue()
-        self._writer = threading.Thread(target=self._write_loop, name="hicache-file", daemon=True)
-        self._writer.start()
+        self._start_writer("hicache-file")
 
     def name_of(self, digest: bytes) -> str:
         return digest.hex() + self._suffix
@@ -152,36 +181,11 @@ class HiCacheFile(HiCacheStorage):
                 self._total += len(raw)
         return payload
 
-    def set_async(self, digest: bytes, payload: bytes) -> None:
-        self._queue.put((digest, payload))
-
-    def pending_writes(self) -> int:
-        return self._queue.qsize()
-
-    def flush(self) -> None:
-        self._queue.join()
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._writer.join(timeout=10)
-
     def used_bytes(self) -> int:
         with self._lock:
             return self._total
 
     # ---- writer thread ------------------------------------------------------------------------
-
-    def _write_loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                self._write(*item)
-            except OSError as exc:  # a full or read-only disk: the page is simply not stored
-                logger.warning("hicache storage: write failed: %s", exc)
-            finally:
-                self._queue.task_done()
 
     def _write(self, digest: bytes, payload: bytes) -> None:
         name = self.name_of(digest)
