@@ -69,8 +69,9 @@ class PrefixMatch(NamedTuple):
     storage: int = 0  # the prefix the rank's storage tier holds (shared with its storage group)
 
 
-class HostMirror:
-    """A rank's host-tier mirror, made on its first host-tier event."""
+class LazyMirror:
+    """A tier's mirror (a rank's host tier, or a storage shared by ranks), made on its first
+    event: tier-blind engines never pay for it."""
 
     def __init__(self, page_size: int, max_orphans: int) -> None:
         self.page_size = page_size
@@ -103,8 +104,8 @@ class _RankCache:
     fallback: ApproxTree | None = None
     # the prompts routed there most recently, up to RECENT_POOLS × its KV pool (pool known)
     recent: ApproxTree | None = None
-    host: HostMirror | None = None  # events ranks: its host tier (HiCache)
-    storage: HostMirror | None = None  # its storage group's mirror (shared), None: no storage
+    host: LazyMirror | None = None  # events ranks: its host tier (HiCache)
+    storage: LazyMirror | None = None  # its storage group's mirror (shared), None: no storage
 
     def matching_tree(self) -> MirrorTree | ApproxTree:
         """The exact mirror, or the approximate view while the rank's stream is lost."""
@@ -139,7 +140,7 @@ class CacheIndex:
         self._own_ctx = ctx is None
         self._ctx = ctx if ctx is not None else zmq.asyncio.Context()
         self._ranks: dict[RankKey, _RankCache] = {}
-        self._storage: dict[str, HostMirror] = {}  # storage id → the mirror its ranks share
+        self._storage: dict[str, LazyMirror] = {}  # storage id → the mirror its ranks share
         self._started = False
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -189,11 +190,11 @@ class CacheIndex:
             self._ranks[key] = _RankCache(page_size, None, approx, None, recent=recent)
             return
         tree = MirrorTree(page_size, self.max_orphans)
-        host = HostMirror(page_size, self.max_orphans)
+        host = LazyMirror(page_size, self.max_orphans)
         storage = None
         if storage_id is not None:
             storage = self._storage.setdefault(
-                f"{storage_id}#{page_size}", HostMirror(page_size, self.max_orphans)
+                f"{storage_id}#{page_size}", LazyMirror(page_size, self.max_orphans)
             )
         overlay = InflightOverlay(page_size, self.overlay_limits)
         name = f"{key[0]}#{key[1]}"
@@ -353,8 +354,8 @@ class CacheIndex:
     def _apply(
         name: str,
         tree: MirrorTree,
-        host: HostMirror,
-        storage: HostMirror | None,
+        host: LazyMirror,
+        storage: LazyMirror | None,
         overlay: InflightOverlay,
         batch: KVEventBatch,
     ) -> None:
