@@ -108,3 +108,18 @@ async def test_sticky_session_keeps_its_rank_until_it_goes_away(parts) -> None:
     assert moved is not None and moved.worker is not first.worker
     assert sel.choose([4], session="alice").worker is moved.worker  # type: ignore[union-attr]
     assert len(workers) == 3
+
+
+@pytest.mark.asyncio
+async def test_tier_credit_counts_each_lower_tier_past_the_ones_above(parts) -> None:
+    """Host tokens past the pool's prefix at the host credit, storage tokens past both at the
+    storage credit; a tier that holds less than the one above adds nothing."""
+    from radixserve.router.mirror.index import PrefixMatch
+
+    registry, index = parts
+    selector = Selector(registry, index, make_policy(RouterConfig()), 0.75, 0.5)
+    assert selector.tier_credit(PrefixMatch(100, 0, 400, 1000)) == 225 + 300
+    assert selector.tier_credit(PrefixMatch(500, 0, 400, 300)) == 0
+    assert selector.tier_credit(PrefixMatch(100, 0, 0, 300)) == 100
+    blind = Selector(registry, index, make_policy(RouterConfig()))
+    assert blind.tier_credit(PrefixMatch(100, 0, 400, 1000)) == 0

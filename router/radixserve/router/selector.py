@@ -95,7 +95,7 @@ class Selector:
                 size,
                 worker.capacity_of(rank),
                 self.index.working_set_of((url, rank)),
-                self._tier_credit(hit),
+                self.tier_credit(hit),
             )
             out.append(view)
         return out
@@ -141,7 +141,7 @@ class Selector:
         load.in_flight_tokens += lease.uncached
         return lease
 
-    def _tier_credit(self, hit: PrefixMatch) -> int:
+    def tier_credit(self, hit: PrefixMatch) -> int:
         """The credited prefix beyond the KV pool's: host tokens past it, then storage tokens
         past both, each at its tier's credit."""
         host_extra = max(0, hit.host - hit.cached)
