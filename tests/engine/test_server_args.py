@@ -47,6 +47,7 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"hicache_size": -1.0}, "hicache_size"),
     ({"hicache_write_policy": "write_around"}, "hicache_write_policy"),
     ({"hicache_storage_backend": "hf3fs"}, "hicache_storage_backend"),
+    ({"hicache_storage_prefetch_policy": "eager"}, "hicache_storage_prefetch_policy"),
     (
         {"enable_hierarchical_cache": True, "disable_radix_cache": True},
         "enable_hierarchical_cache",
@@ -67,6 +68,13 @@ INVALID: list[tuple[dict[str, Any], str]] = [
         {
             "enable_hierarchical_cache": True,
             "hicache_storage_backend_extra_config": '{"file_storage_max_size_gb": 0}',
+        },
+        "hicache_storage_backend_extra_config",
+    ),
+    (
+        {
+            "enable_hierarchical_cache": True,
+            "hicache_storage_backend_extra_config": '{"prefetch_threshold": -1}',
         },
         "hicache_storage_backend_extra_config",
     ),

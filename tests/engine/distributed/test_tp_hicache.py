@@ -14,7 +14,7 @@ from tests.engine.distributed.test_tp_generate import ARGS, PARAMS, _ids, prompt
 
 
 def _hicache(tmp: Path) -> dict[str, Any]:
-    extra = json.dumps({"file_storage_path": str(tmp)})
+    extra = json.dumps({"file_storage_path": str(tmp), "prefetch_threshold": 0})
     return {
         **ARGS, "tp_size": 2, "enable_hierarchical_cache": True, "hicache_ratio": 4.0,
         "hicache_storage_backend": "file", "hicache_storage_backend_extra_config": extra,

@@ -6,6 +6,8 @@ and recomputed, never used."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from radixserve.engine.mem_cache.hicache_mooncake import HiCacheMooncake, MooncakeConfig
+from radixserve.protocol import BlockRemoved
+from radixserve.protocol.block_hash import digest_to_int64
 from tests.child_env import child_env
 from tests.engine.mem_cache.test_hiradix_cache import World, seq
 from tests.ports import free_port
@@ -26,15 +30,25 @@ MASTER = shutil.which("mooncake_master") or str(Path(sys.executable).parent / "m
 
 @pytest.fixture(scope="module")
 def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with running_master(tmp_path_factory.mktemp("mooncake")) as address:
+        yield address
+
+
+@contextlib.contextmanager
+def running_master(folder: Path) -> Iterator[str]:
     port = free_port()
-    log = tmp_path_factory.mktemp("mooncake") / "master.log"
+    log = folder / "master.log"
     with log.open("wb") as f:
         proc = subprocess.Popen(
-            [MASTER, f"--rpc_port={port}", "--enable_http_metadata_server=false"],
+            # its own metrics port too: two masters on one host would share 9003
+            [
+                MASTER, f"--rpc_port={port}", f"--metrics_port={free_port()}",
+                "--enable_http_metadata_server=false",
+            ],
             stdout=f,
             stderr=subprocess.STDOUT,
             env=child_env(),
-        )
+        )  # fmt: skip
     try:
         time.sleep(1.0)  # it serves RPC within a few ms; a client's setup retries anyway
         assert proc.poll() is None, log.read_text()
@@ -59,8 +73,25 @@ def test_another_replica_reads_the_prefix_from_mooncake(master: str) -> None:
         a = seq(500, 16)
         one.put(a, truth)
         one.cache.storage.flush()  # type: ignore[union-attr]
+        two.fetch([*a, 1])
         assert two.check_match([*a, 1], truth) == 16
         assert two.cache.stats.storage_hit_tokens == 16
+        # the router hears of the store's pages (EXTERNAL), and of the ones it evicts
+        stored = [e for e in one.cache.take_events() if getattr(e, "medium", "") == "EXTERNAL"]
+        assert sum(len(e.block_hashes) for e in stored) == 4
+        store = one.cache.storage
+        assert isinstance(store, HiCacheMooncake)
+        b = seq(700, 8)  # read by nobody (a read leases an object against removal)
+        one.put(b, truth)
+        store.flush()
+        digest = one.cache.match_prefix(b).last_node.page_digests[-1]
+        one.cache.take_events()
+        assert store.store.remove(store.key_of(digest)) == 0  # as the master's eviction does
+        assert store.sweep() == 1
+        removed = [e for e in one.cache.take_events() if isinstance(e, BlockRemoved)]
+        assert [(e.medium, e.block_hashes) for e in removed] == [
+            ("EXTERNAL", [digest_to_int64(digest)])
+        ]
     finally:
         one.cache.close()
         two.cache.close()
@@ -79,7 +110,44 @@ def test_a_corrupt_mooncake_object_is_recomputed(master: str) -> None:
         key = store.key_of(digest)
         store.store.remove(key)
         assert store.store.put(key, b"not a page") == 0
+        two.fetch(a)
         assert two.check_match(a, truth) == 4  # the page before the corrupt one
     finally:
         one.cache.close()
         two.cache.close()
+
+
+def test_replicas_of_one_master_share_a_storage_id(master: str) -> None:
+    one, two = client(master), client(master)
+    try:
+        assert one.storage_id() == two.storage_id() == f"mooncake:{master}_test-model_0_1"
+    finally:
+        one.close()
+        two.close()
+
+
+def test_the_sweeper_reports_the_pages_the_master_evicted(tmp_path: Path) -> None:
+    """A pool of 16 MiB and 40 pages of 1 MiB: the master evicts (nobody is told), and the
+    sweep finds exactly the pages that are gone, so the router's mirror can drop them."""
+    with running_master(tmp_path) as address:
+        config = MooncakeConfig(
+            address, "evict-test", global_segment_size=16 << 20, local_buffer_size=8 << 20,
+            sweep_interval_s=3600,
+        )  # fmt: skip
+        store = HiCacheMooncake(config)
+        try:
+            digests = [i.to_bytes(32, "little") for i in range(40)]
+            for d in digests:
+                store.set_async(d, os.urandom(1 << 20))
+            store.flush()
+            gone = 0
+            deadline = time.monotonic() + 10
+            while gone == 0 and time.monotonic() < deadline:
+                gone = store.sweep()  # the master evicts in the background
+                time.sleep(0.1)
+            removed = store.take_removed()
+            assert len(removed) == gone > 0
+            assert not any(store.exists(d) for d in removed)
+            assert store.sweep() == 0  # each eviction is reported once
+        finally:
+            store.close()

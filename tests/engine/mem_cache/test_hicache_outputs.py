@@ -112,7 +112,8 @@ def test_a_second_replica_reuses_the_first_ones_storage(
     smollm_engine: Any, expected: Any, tmp_path: Path
 ) -> None:
     ids, want = expected
-    config = f'{{"file_storage_path": "{tmp_path}"}}'
+    # SGLang's default policy (timeout); a threshold under the ~120-token system prompts
+    config = f'{{"file_storage_path": "{tmp_path}", "prefetch_threshold": 64}}'
     args = {
         "max_total_tokens": POOL, "page_size": 16, "enable_hierarchical_cache": True,
         "hicache_ratio": 1.0, "hicache_storage_backend": "file",
@@ -132,6 +133,7 @@ def test_a_second_replica_reuses_the_first_ones_storage(
         assert answers == want
         hits = second.scheduler.tree_cache.stats.storage_hit_tokens
         assert hits >= TENANTS * 96  # each tenant's system prompt came from storage once
+        assert second.scheduler.tree_cache.stats.prefetch_tokens >= hits  # read ahead
         assert cached >= hits
         second.scheduler.check_memory_invariant()
     finally:

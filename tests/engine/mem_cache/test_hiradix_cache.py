@@ -9,6 +9,7 @@ short (recomputed, never used), and the pool invariant free + evictable + protec
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -17,12 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixserve.engine.mem_cache.allocator import create_allocator
-from radixserve.engine.mem_cache.hicache_storage import HiCacheFile, StorageConfig
+from radixserve.engine.mem_cache.hicache_prefetch import PrefetchConfig
+from radixserve.engine.mem_cache.hicache_storage import HiCacheFile, HiCacheStorage, StorageConfig
 from radixserve.engine.mem_cache.hiradix_cache import HiCacheConfig, HiRadixCache
 from radixserve.engine.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from radixserve.protocol import BlockRemoved, BlockStored
 
 CPU = torch.device("cpu")
+READ_ALL = PrefetchConfig("wait_complete", threshold=0)  # a waiting request takes every page
 LAYERS, HEADS, DIM = 2, 2, 4
 
 
@@ -35,11 +38,14 @@ class World:
         pool: int = 64,
         host: int = 128,
         policy: str = "write_through",
-        storage: HiCacheFile | None = None,
+        storage: HiCacheStorage | None = None,
+        prefetch: PrefetchConfig = READ_ALL,
     ) -> None:
         self.kv = MHATokenToKVPool(pool, page, torch.float32, HEADS, DIM, LAYERS, CPU)
         self.alloc = create_allocator(pool, page, CPU)
-        config = HiCacheConfig(host_size=host, write_policy=policy, storage=storage)
+        config = HiCacheConfig(
+            host_size=host, write_policy=policy, storage=storage, prefetch=prefetch
+        )
         self.cache = HiRadixCache(
             ReqToTokenPool(4, 512, CPU), self.alloc, self.kv, config, page, "lru", True
         )
@@ -71,6 +77,13 @@ class World:
                 assert torch.equal(self.kv.v_buffer[layer][slot], rows[LAYERS + layer])
         self.check_invariant()
         return len(match.indices)
+
+    def fetch(self, tokens: list[int], rid: str = "r") -> None:
+        """What the scheduler does for a waiting request: prefetch, then poll until its policy
+        lets it go (wait_complete here: until the read is done)."""
+        self.cache.prefetch(rid, list(tokens))
+        while not self.cache.prefetch_ready(rid, list(tokens)):
+            time.sleep(0.001)
 
     def check_invariant(self) -> None:
         c = self.cache
@@ -237,6 +250,7 @@ def test_another_replica_reads_the_prefix_from_shared_storage(tmp_path: Path) ->
     one.cache.storage.flush()  # type: ignore[union-attr]
     assert len(list(tmp_path.glob("*.bin"))) == 4  # a file per page
     two = World(page=4, storage=storage(tmp_path))  # fresh pools: nothing cached here
+    two.fetch([*a, 77])
     assert two.check_match([*a, 77], truth) == 16
     assert two.cache.stats.storage_hit_tokens == 16
     one.cache.close()
@@ -255,6 +269,7 @@ def test_a_broken_storage_page_is_recomputed_never_used(tmp_path: Path, damage: 
     raw = third.read_bytes()
     third.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]) if damage == "flip" else raw[:-7])
     two = World(page=4, storage=storage(tmp_path))
+    two.fetch(a)
     assert two.check_match(a, truth) == 8  # the two pages before the broken one
     assert not third.exists()  # deleted, so the next writer stores it again
     one.cache.close()
@@ -278,6 +293,7 @@ def test_host_eviction_demotes_to_storage_and_storage_stays_within_capacity(
     w.cache.evict(64)
     w.cache.evict_host(64)
     assert w.cache.host_tokens() == 0
+    w.fetch(prompts[-1])
     assert w.check_match(prompts[-1], truth) == 16
     w.cache.close()
 

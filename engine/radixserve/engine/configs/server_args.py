@@ -36,10 +36,22 @@ GRAMMAR_BACKENDS = ("xgrammar", "none")
 # HiCache (mem_cache/hiradix_cache.py, docs/hicache.md): SGLang's flag names and choices
 HICACHE_WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 HICACHE_STORAGE_BACKENDS = ("file", "mooncake")
-# --hicache-storage-backend-extra-config: each backend's keys and defaults (None: required)
+HICACHE_PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+# --hicache-storage-backend-extra-config: each backend's keys and defaults (None: required).
+# Every backend also takes SGLang's prefetch keys (tokens, seconds; 0 allowed).
+HICACHE_PREFETCH_OPTIONS: dict[str, Any] = {
+    "prefetch_threshold": 256,
+    "prefetch_timeout_base": 1.0,
+    "prefetch_timeout_per_ki_token": 0.25,
+}
 HICACHE_STORAGE_OPTIONS: dict[str, dict[str, Any]] = {
-    "file": {"file_storage_path": "/tmp/hicache", "file_storage_max_size_gb": 10.0},
+    "file": {
+        "file_storage_path": "/tmp/hicache",
+        "file_storage_max_size_gb": 10.0,
+        **HICACHE_PREFETCH_OPTIONS,
+    },
     "mooncake": {  # SGLang's names for the Mooncake store's client
+        **HICACHE_PREFETCH_OPTIONS,
         "master_server_address": None,
         "local_hostname": "127.0.0.1",
         "protocol": "tcp",
@@ -241,12 +253,20 @@ class ServerArgs:
         "(a Mooncake store)",
         choices=HICACHE_STORAGE_BACKENDS,
     )
+    hicache_storage_prefetch_policy: str = option(
+        "timeout",
+        "when a request whose prefix is being read from storage may start: with what landed "
+        "(best_effort), when the read is done (wait_complete), or when done or after "
+        "prefetch_timeout_base + prefetch_timeout_per_ki_token per 1,024 tokens (timeout)",
+        choices=HICACHE_PREFETCH_POLICIES,
+    )
     hicache_storage_backend_extra_config: str | None = option(
         None,
         'JSON for the storage backend; file: {"file_storage_path": "/tmp/hicache", '
         '"file_storage_max_size_gb": 10}; mooncake: {"master_server_address": "host:port", '
         '"local_hostname", "protocol": "tcp", "device_name", "global_segment_size", '
-        '"local_buffer_size"}',
+        '"local_buffer_size"}; both: {"prefetch_threshold": 256, "prefetch_timeout_base": 1, '
+        '"prefetch_timeout_per_ki_token": 0.25}',
     )
     # structured outputs (docs/structured_outputs.md)
     grammar_backend: str = option(
@@ -448,11 +468,13 @@ class ServerArgs:
         _check(not missing, name, f"{self.hicache_storage_backend} needs {missing}")
         for key, default in known.items():
             value, text = options[key], isinstance(default, str | None)
+            zero_ok = key in HICACHE_PREFETCH_OPTIONS
             if text:
                 ok = isinstance(value, str)
             else:
-                ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
-            want = "a string" if text else "a number > 0"
+                number = isinstance(value, int | float) and not isinstance(value, bool)
+                ok = number and (value >= 0 if zero_ok else value > 0)
+            want = "a string" if text else ("a number ≥ 0" if zero_ok else "a number > 0")
             _check(ok, name, f"{key}: expected {want}, got {value!r}")
         return options
 

@@ -109,6 +109,9 @@ class HiCacheLoad(_Msg, frozen=True):
     host_total_tokens: int
     storage_pending_writes: int = 0
     storage_used_bytes: int = 0
+    prefetched_tokens: int = 0
+    prefetch_deferrals: int = 0
+    prefetch_staged_bytes: int = 0
 
 
 class LoadOutput(_Msg, frozen=True):

@@ -97,6 +97,23 @@ class BasePrefixCache(ABC):
     def protected_size(self) -> int:
         return 0
 
+    # ---- storage prefetch (HiCache with a storage tier; nothing to do elsewhere) ----------------
+
+    prefetches = False  # whether prefetch does anything: the scheduler skips the calls if not
+
+    def prefetch(self, rid: str, key: list[int]) -> None:  # noqa: B027
+        """A waiting request's prefix may be read from storage ahead of its admission."""
+
+    def prefetch_ready(self, rid: str, key: list[int]) -> bool:
+        """Whether the request may be admitted now (its prefetch policy allows it)."""
+        return True
+
+    def wait_prefetch(self, timeout: float) -> None:  # noqa: B027
+        """Block up to `timeout` seconds for a prefetch to finish (an idle engine's wait)."""
+
+    def drop_prefetches(self, keep: set[str]) -> None:  # noqa: B027
+        """Stop the prefetches of requests other than `keep` (no longer waiting)."""
+
     def close(self) -> None:  # noqa: B027 - only caches with threads or files have work here
         """Stop background work (HiCache's storage writer); the cache is not used after."""
 

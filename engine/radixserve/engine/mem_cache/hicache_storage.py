@@ -9,9 +9,9 @@ stores only its own heads: `{digest}_{model}_{tp_rank}_{tp_size}`.
 payload), then the payload. Files are written to a temporary name and renamed, so a reader
 never sees half a page; a page whose length or checksum does not match is deleted and reported
 missing, so the caller recomputes it. Writes go through one background thread (the scheduler
-only queues them); reads are synchronous. Capacity is bounded: past it, the least recently
-used files (by this process's use, then by mtime for files other replicas wrote) are deleted
-down to 90 % of it.
+only queues them); reads go through the prefetch thread (hicache_prefetch.py). Capacity is
+bounded: past it, the least recently used files (by this process's use, then by mtime for
+files other replicas wrote) are deleted down to 90 % of it.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ class StorageConfig:
 
 
 class HiCacheStorage(ABC):
+    medium = "DISK"  # what KV events call this tier (SGLang's StorageMedium names)
+
     @abstractmethod
     def get(self, digest: bytes) -> bytes | None:
         """The page stored under `digest`, or None when it is missing or corrupt."""
@@ -93,7 +95,7 @@ class HiCacheStorage(ABC):
                 if item is None:
                     return
                 self._write(*item)
-            except OSError as exc:  # a full or read-only disk: the page is simply not stored
+            except Exception as exc:  # noqa: BLE001 - a full disk, a lost store: not stored
                 logger.warning("hicache storage: write failed: %s", exc)
             finally:
                 self._queue.task_done()
@@ -110,6 +112,15 @@ class HiCacheStorage(ABC):
     def take_removed(self) -> list[bytes]:
         """Digests of this model's pages deleted since the last call (capacity, corruption),
         whoever wrote them."""
+
+    def has(self, digest: bytes) -> bool:
+        """`exists` for the scheduler thread: a backend that fails answers no (the page is
+        queued again, and the writer skips what is stored), it never stops the scheduler."""
+        try:
+            return self.exists(digest)
+        except Exception as exc:  # noqa: BLE001 - any backend error
+            logger.warning("hicache storage: lookup failed: %s", exc)
+            return False
 
     def batch_exists(self, digests: list[bytes]) -> int:
         """How many leading digests are stored."""

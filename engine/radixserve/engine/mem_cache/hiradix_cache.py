@@ -12,21 +12,25 @@ A node's KV lives on the device (`value`), in the host pool (`host_value`), or b
   only when it is evicted.
 - **host → storage.** Every page copied to host is also queued for the storage backend (one
   writer thread), so other replicas can read it; evicting a host-only leaf frees its host
-  slots (re-queueing a page the storage has lost since). Storage is not mirrored in the tree:
-  a match that runs past the tree asks the backend for the following pages by chain hash.
-- **Load-back.** `match_prefix` walks device, then host-only nodes, then storage pages, and
-  copies all of them into fresh device slots before returning, so the request sees one device
-  prefix and counts it as cached. All or nothing: without device room the host part is
-  recomputed. On a CPU engine the copies are memcpy on the scheduler thread.
+  slots (re-queueing a page the storage has lost since). Storage is not mirrored in the tree.
+- **storage → host** (`prefetch`, hicache_prefetch.py): a waiting request's pages past the
+  tree's end are read by chain hash on a reader thread; when the prefetch policy lets the
+  request go (`prefetch_ready`), the pages that landed become a host-only node under the
+  tree's match.
+- **Load-back.** `match_prefix` walks device, then host-only nodes, and copies the host part
+  into fresh device slots before returning, so the request sees one device prefix and counts
+  it as cached. All or nothing: without device room the host part is recomputed. On a CPU
+  engine the copies are memcpy on the scheduler thread (≈10 µs a token, docs/hicache.md).
 
 Invariants: the descendants of an evicted node are evicted; an evicted node has a host copy
 and no lock; `_evictable`/`_protected` count device tokens only. Under TP every rank keeps its
-own heads in its own pools, and the ranks agree on each storage hit (`agree_min`), since
-writes land at different times.
+own heads in its own pools, and the ranks agree on how many prefetched pages a request
+takes (`agree_min`), since reads and writes land at different times.
 
 Events (medium per tier, SGLang's names; the device tier keeps "GPU" on a CPU engine too):
 BlockStored/BlockRemoved with medium GPU when device pages appear or go, CPU_PINNED when host
-copies do, DISK when pages are queued for storage or the storage deleted them (for whichever
+copies do, the backend's medium (DISK for files, EXTERNAL for a Mooncake store) when pages are
+queued for storage or the storage deleted them (for whichever
 replica wrote them: replicas that share a storage id share one storage mirror in the router).
 """
 
@@ -42,6 +46,12 @@ import torch
 from radixserve.engine.mem_cache.allocator import BaseTokenAllocator
 from radixserve.engine.mem_cache.base_prefix_cache import MatchResult, PrefixPeek
 from radixserve.engine.mem_cache.evict_policy import eviction_key
+from radixserve.engine.mem_cache.hicache_prefetch import (
+    NOT_YET,
+    PrefetchConfig,
+    PrefetchOp,
+    StoragePrefetcher,
+)
 from radixserve.engine.mem_cache.hicache_storage import HiCacheStorage
 from radixserve.engine.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from radixserve.engine.mem_cache.memory_pool_host import HostKVPool
@@ -53,7 +63,6 @@ from radixserve.protocol.block_hash import digest_to_int64, hash_pages
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 MEDIUM_DEVICE = "GPU"
 MEDIUM_HOST = "CPU_PINNED"
-MEDIUM_STORAGE = "DISK"
 
 
 @dataclass(slots=True)
@@ -69,6 +78,8 @@ class HiCacheStats:
     backup_tokens: int = 0
     dropped_tokens: int = 0
     storage_written_pages: int = 0
+    prefetch_tokens: int = 0  # read from storage and attached as host nodes
+    prefetch_deferrals: int = 0  # admission rounds a request skipped, its prefetch unfinished
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +87,7 @@ class HiCacheConfig:
     host_size: int  # tokens
     write_policy: str = "write_through"
     storage: HiCacheStorage | None = None
+    prefetch: PrefetchConfig = PrefetchConfig()
     agree_min: Callable[[int], int] | None = None  # TP: the smallest value over the ranks
 
 
@@ -97,14 +109,31 @@ class HiRadixCache(RadixCache):
         self.storage = config.storage
         self.write_threshold = 1 if config.write_policy == "write_through" else 2
         self.stats = HiCacheStats()
+        self.prefetcher: StoragePrefetcher | None = None
+        if self.storage is not None:
+            page_bytes = page_size * self.host.bytes_per_token()
+            self.prefetcher = StoragePrefetcher(
+                self.storage,
+                config.prefetch,
+                page_size,
+                page_bytes,
+                max(self.host.size * self.host.bytes_per_token() // 2, page_bytes),
+            )
+        self.prefetches = self.prefetcher is not None
+        self._prefetches: dict[str, PrefetchOp] = {}  # by request id
+        self._from_storage: set[int] = set()  # ids of host nodes prefetched, not loaded yet
         super().__init__(req_to_token_pool, allocator, page_size, eviction_policy, enable_events)
         self.track_digests = enable_events or self.storage is not None
 
     def reset(self) -> None:
+        self.drop_prefetches(set())
         super().reset()
         self.host.clear()
+        self._from_storage.clear()
 
     def close(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
         if self.storage is not None:
             self.storage.close()
 
@@ -136,38 +165,32 @@ class HiRadixCache(RadixCache):
         path = self._walk(key)
         on_device = [n for n in path if not n.evicted]
         on_host = path[len(on_device) :]
-        anchor = path[-1] if path else self.root
-        locked = list(on_host)  # the storage fetch and the device eviction below skip them
-        for node in locked:
+        for node in on_host:  # the device eviction below must not drop them
             node.host_lock_ref += 1
         try:
             self._back_up_hot(on_device)
-            matched = sum(len(n.key) for n in path)
-            from_storage = self._fetch_storage(key[matched:], anchor)
-            for node in from_storage:
-                node.host_lock_ref += 1
-                locked.append(node)
             device_end = on_device[-1] if on_device else self.root
-            loaded = self._load_back(device_end, on_host + from_storage)
+            loaded = self._load_back(device_end, on_host)
         finally:
-            for node in locked:
+            for node in on_host:
                 node.host_lock_ref -= 1
-        self._count_hits(on_device, on_host, from_storage, loaded)
+        self._count_hits(on_device, on_host, loaded)
         nodes = on_device + loaded
         values = [n.value for n in nodes]
         indices = torch.cat(values) if values else self._no_slots()
         return MatchResult(indices, nodes[-1] if nodes else self.root)
 
-    def _walk(self, key: list[int]) -> list[TreeNode]:
-        """Nodes of the longest match in any tier (split so it ends on a node), hits counted."""
+    def _walk(self, key: list[int], count_hits: bool = True) -> list[TreeNode]:
+        """Nodes of the longest match in any tier (split so it ends on a node)."""
         node, path = self.root, []
         now = time.monotonic()
         while key:
             child = node.children.get(self._child_key(key))
             if child is None:
                 break
-            child.last_access_time = now
-            child.hit_count += 1
+            if count_hits:
+                child.last_access_time = now
+                child.hit_count += 1
             n = self._match_len(child.key, key)
             if n < len(child.key):
                 path.append(self._split_node(child, n))
@@ -177,16 +200,17 @@ class HiRadixCache(RadixCache):
         return path
 
     def _count_hits(
-        self,
-        on_device: list[TreeNode],
-        on_host: list[TreeNode],
-        from_storage: list[TreeNode],
-        loaded: list[TreeNode],
+        self, on_device: list[TreeNode], on_host: list[TreeNode], loaded: list[TreeNode]
     ) -> None:
         self.stats.device_hit_tokens += sum(len(n.key) for n in on_device)
-        if loaded:  # all or nothing: counted only when the copy happened
-            self.stats.host_hit_tokens += sum(len(n.key) for n in on_host)
-            self.stats.storage_hit_tokens += sum(len(n.key) for n in from_storage)
+        if not loaded:  # all or nothing: counted only when the copy happened
+            return
+        for node in on_host:  # a node prefetched for this request is the storage tier's hit
+            if node.id in self._from_storage:
+                self._from_storage.discard(node.id)
+                self.stats.storage_hit_tokens += len(node.key)
+            else:
+                self.stats.host_hit_tokens += len(node.key)
 
     def _load_back(self, anchor: TreeNode, nodes: list[TreeNode]) -> list[TreeNode]:
         """Copy host-only `nodes` (a chain under `anchor`) to fresh device slots; [] when the
@@ -230,36 +254,97 @@ class HiRadixCache(RadixCache):
 
     # ---- storage --------------------------------------------------------------------------------
 
-    def _fetch_storage(self, rest: list[int], anchor: TreeNode) -> list[TreeNode]:
-        """Pages of `rest` the storage holds, read into the host pool as one host-only node
-        under `anchor` (the match's end); [] on a miss or without host room."""
+    def prefetch(self, rid: str, key: list[int]) -> None:
+        """Start reading the pages of `key` past the tree's match from storage (a waiting
+        request's; once per request id)."""
+        if self.prefetcher is None or rid in self._prefetches:
+            return
         ps = self.page_size
-        if self.storage is None or len(rest) < ps:
-            return []
-        digests = hash_pages(rest, ps, anchor.last_digest())
-        found = self._agree(self.storage.batch_exists(digests))
-        slots = self._alloc_host(found * ps) if found else None
+        key = key[: len(key) // ps * ps]
+        start, seed = self._reach(key)
+        if len(key) - start < max(self.prefetcher.config.threshold, ps):
+            return  # the same answer on every rank: the tree and the key are the same
+        digests = hash_pages(key[start:], ps, seed)
+        self._prefetches[rid] = self.prefetcher.submit(start, digests)
+
+    def prefetch_ready(self, rid: str, key: list[int]) -> bool:
+        """Whether the request may be admitted now (always, without a prefetch). When it may,
+        the pages its prefetch read go into the tree as a host-only node."""
+        op = self._prefetches.get(rid)
+        if op is None or self.prefetcher is None:
+            return True
+        n = self._agree(self.prefetcher.ready_pages(op, time.monotonic()))
+        if n == NOT_YET:
+            self.stats.prefetch_deferrals += 1
+            return False
+        del self._prefetches[rid]
+        pages = self.prefetcher.finish(op, n)
+        self._attach(key, op.start, op.digests[:n], pages)
+        return True
+
+    def drop_prefetches(self, keep: set[str]) -> None:
+        """Stop the prefetches of requests no longer waiting (aborted, or admitted by a path
+        that did not ask), releasing their staged pages."""
+        for rid in [r for r in self._prefetches if r not in keep]:
+            op = self._prefetches.pop(rid)
+            if self.prefetcher is not None:
+                self.prefetcher.finish(op, 0)
+
+    def prefetches_in_flight(self) -> int:
+        return len(self._prefetches)
+
+    def wait_prefetch(self, timeout: float) -> None:
+        unfinished = (op for op in self._prefetches.values() if not op.done.is_set())
+        op = next(unfinished, None)
+        if op is not None:
+            op.done.wait(timeout)
+
+    def _reach(self, key: list[int]) -> tuple[int, bytes | None]:
+        """How far `key` matches in any tier (no split, no hit), and the chain digest there."""
+        node, length, seed = self.root, 0, None
+        while key:
+            child = node.children.get(self._child_key(key))
+            if child is None:
+                break
+            n = self._match_len(child.key, key)
+            pages = n // self.page_size
+            seed = child.page_digests[pages - 1] if pages else seed
+            length += n
+            if n < len(child.key):
+                break
+            node, key = child, key[n:]
+        return length, seed
+
+    def _attach(self, key: list[int], start: int, digests: list[bytes], pages: list[bytes]) -> None:
+        """Pages read for `key[start:]` become a host-only node under the tree's match, from
+        where the tree ends now (it may have grown, or lost the prefix, since the read began)."""
+        ps = self.page_size
+        end = start + len(pages) * ps
+        path = self._walk(key[:end], count_hits=False) if pages else []
+        reached = sum(len(n.key) for n in path)
+        if not pages or not start <= reached < end:
+            return
+        for x in path:  # making host room must not drop the anchor
+            x.host_lock_ref += 1
+        try:
+            slots = self._alloc_host(end - reached)
+        finally:
+            for x in path:
+                x.host_lock_ref -= 1
         if slots is None:
-            return []
-        valid = 0
-        for i in range(found):
-            payload = self.storage.get(digests[i])
-            if payload is None or len(payload) != ps * self.host.bytes_per_token():
-                break  # missing (evicted since) or corrupt: recomputed from here on
+            return
+        skip = (reached - start) // ps
+        for i, payload in enumerate(pages[skip:]):
             self.host.write_tokens(slots[i * ps : (i + 1) * ps], payload)
-            valid += 1
-        valid = self._agree(valid)
-        self.host.free(slots[valid * ps :])
-        if valid == 0:
-            return []
-        node = TreeNode(next(self._ids), parent=anchor, key=list(rest[: valid * ps]))
+        anchor = path[-1] if path else self.root
+        node = TreeNode(next(self._ids), parent=anchor, key=list(key[reached:end]))
         node.value, node.evicted = self._no_slots(), True
-        node.host_value = slots[: valid * ps]
-        node.page_digests = digests[:valid]
+        node.host_value, node.page_digests = slots, digests[skip:]
         anchor.children[self._child_key(node.key)] = node
+        self._from_storage.add(node.id)
+        self.stats.prefetch_tokens += end - reached
         if self.enable_events:
             self._record_stored(node, MEDIUM_HOST)
-        return [node]
 
     def _queue_storage(self, node: TreeNode, only_missing: bool = False) -> None:
         if self.storage is None or node.host_value is None:
@@ -267,19 +352,19 @@ class HiRadixCache(RadixCache):
         ps = self.page_size
         queued = False
         for i, digest in enumerate(node.page_digests):
-            if only_missing and self.storage.exists(digest):
+            if only_missing and self.storage.has(digest):
                 continue
             payload = self.host.read_tokens(node.host_value[i * ps : (i + 1) * ps])
             self.storage.set_async(digest, payload)
             self.stats.storage_written_pages += 1
             queued = True
         if queued and self.enable_events:  # announced as queued: the write lands shortly
-            self._record_stored(node, MEDIUM_STORAGE)
+            self._record_stored(node, self.storage.medium)
 
     def take_events(self) -> list[KVCacheEvent]:
         if self.storage is not None and self.enable_events:
             self.events.extend(
-                BlockRemoved([digest_to_int64(d)], medium=MEDIUM_STORAGE)
+                BlockRemoved([digest_to_int64(d)], medium=self.storage.medium)
                 for d in self.storage.take_removed()
             )
         return super().take_events()
@@ -398,6 +483,7 @@ class HiRadixCache(RadixCache):
             return
         self.host.free(node.host_value)
         node.host_value = None
+        self._from_storage.discard(node.id)
         if self.enable_events:
             self.events.extend(
                 BlockRemoved([digest_to_int64(d)], medium=MEDIUM_HOST) for d in node.page_digests
@@ -488,6 +574,8 @@ class HiRadixCache(RadixCache):
         upper = super()._split_node(child, n)
         upper.evicted = child.evicted
         upper.host_lock_ref = child.host_lock_ref
+        if child.id in self._from_storage:
+            self._from_storage.add(upper.id)
         if child.host_value is not None:
             upper.host_value = child.host_value[:n]
             child.host_value = child.host_value[n:]

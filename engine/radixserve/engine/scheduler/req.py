@@ -67,6 +67,7 @@ class Req:
     cache_protected_len: int = 0
     kv_allocated_len: int = 0  # positions with a KV slot in req_to_token[req_pool_idx]
     extend_input_len: int = 0
+    storage_prefetched: bool = False  # HiCache: its storage read was started (once)
     # status
     finished_reason: FinishReason | None = None
     to_finish: FinishReason | None = None

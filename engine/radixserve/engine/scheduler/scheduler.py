@@ -32,7 +32,11 @@ from radixserve.engine.scheduler.dp_attention_sync import DpAttentionSync
 from radixserve.engine.scheduler.grammar_queue import GRAMMAR_POLL_S, GrammarQueue, PendingMask
 from radixserve.engine.scheduler.overlap import ForwardWorker, FutureMap, InflightBatch
 from radixserve.engine.scheduler.prefill_adder import AddReqResult, PrefillAdder, PrefillBudget
-from radixserve.engine.scheduler.prefix_match import StepPrefixMatches, WaitingPins
+from radixserve.engine.scheduler.prefix_match import (
+    StepPrefixMatches,
+    WaitingPins,
+    prefix_match_key,
+)
 from radixserve.engine.scheduler.req import Req
 from radixserve.engine.scheduler.retraction import NewTokenRatio, retract_decode
 from radixserve.engine.scheduler.schedule_batch import KVContext, ScheduleBatch
@@ -43,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 ABORTED = FinishAbort("aborted by request", 400)
 PD_POLL_MS = 2  # PD rooms waiting on their peer: how often their sockets are read
+PREFETCH_POLL_S = 0.002  # an idle round with storage prefetches unfinished waits this long
 
 
 class Scheduler:
@@ -196,6 +201,7 @@ class Scheduler:
             len(running) if mixed else 0,
         )
         adder = PrefillAdder(budget, self.tree_cache, self.kv.allocator, running)
+        self._prefetch_waiting()
         if self.chunked_req is not None:
             self.chunked_req.init_next_round_input()
             self.chunked_req = adder.add_chunked_req(self.chunked_req)
@@ -204,6 +210,10 @@ class Scheduler:
         for req in order:
             if len(adder.can_run_list) + len(running) >= self.max_running_requests:
                 break
+            if req.storage_prefetched and not self.tree_cache.prefetch_ready(
+                req.rid, prefix_match_key(req)
+            ):
+                continue  # its storage read may not stop yet: it waits, the others go on
             result = adder.add_one_req(req, matches.get(req))
             if adder.can_run_list and adder.can_run_list[-1] is req and not req.is_retracted:
                 req.cached_tokens += len(req.prefix_indices)
@@ -226,6 +236,18 @@ class Scheduler:
         if mixed:
             self._mix_running_into(batch)
         return batch
+
+    def _prefetch_waiting(self) -> None:
+        """HiCache storage: read ahead what waiting requests will find in storage (once per
+        request), and stop reading for requests that left the queue."""
+        cache = self.tree_cache
+        if not cache.prefetches:
+            return
+        cache.drop_prefetches({r.rid for r in self.waiting_queue})
+        for req in self.waiting_queue:
+            if not req.storage_prefetched:
+                req.storage_prefetched = True
+                cache.prefetch(req.rid, prefix_match_key(req))
 
     def _mix_running_into(self, batch: ScheduleBatch) -> None:
         """--enable-mixed-chunk: run the decodes in the same forward as the prefill chunk."""
@@ -306,6 +328,8 @@ class Scheduler:
                     rec.vocab_mask.fill()
         if batch is None and not self.inflight:
             self.ratio.reset()
+            if self.waiting_queue:  # only storage prefetches can hold them: wait, not spin
+                self.tree_cache.wait_prefetch(PREFETCH_POLL_S)
         return updated
 
     def _admit_compiled(self) -> list[Req]:

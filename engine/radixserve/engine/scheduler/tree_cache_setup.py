@@ -10,6 +10,7 @@ from radixserve.engine.ipc.messages import HiCacheLoad
 from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache
 from radixserve.engine.mem_cache.chunk_cache import ChunkCache
 from radixserve.engine.mem_cache.hicache_mooncake import HiCacheMooncake, MooncakeConfig
+from radixserve.engine.mem_cache.hicache_prefetch import PrefetchConfig
 from radixserve.engine.mem_cache.hicache_storage import HiCacheFile, HiCacheStorage, StorageConfig
 from radixserve.engine.mem_cache.hiradix_cache import HiCacheConfig, HiRadixCache
 from radixserve.engine.mem_cache.memory_pool_host import host_pool_tokens
@@ -40,6 +41,7 @@ def make_tree_cache(args: ServerArgs, runner: ModelRunner) -> BasePrefixCache:
         host_size=group.min_int(tokens),
         write_policy=args.hicache_write_policy,
         storage=_storage(args, runner),
+        prefetch=_prefetch(args),
         agree_min=group.min_int if group.size > 1 else None,
     )
     return HiRadixCache(
@@ -50,6 +52,16 @@ def make_tree_cache(args: ServerArgs, runner: ModelRunner) -> BasePrefixCache:
         args.page_size,
         args.radix_eviction_policy,
         events,
+    )
+
+
+def _prefetch(args: ServerArgs) -> PrefetchConfig:
+    options = args.hicache_storage_options()
+    return PrefetchConfig(
+        policy=args.hicache_storage_prefetch_policy,
+        threshold=int(options["prefetch_threshold"]),
+        timeout_base=float(options["prefetch_timeout_base"]),
+        timeout_per_ki_token=float(options["prefetch_timeout_per_ki_token"]),
     )
 
 
@@ -88,7 +100,7 @@ def hicache_load(cache: BasePrefixCache) -> HiCacheLoad | None:
     """HiCache's counters for the load snapshot (None without HiCache)."""
     if not isinstance(cache, HiRadixCache):
         return None
-    s, storage = cache.stats, cache.storage
+    s, storage, prefetcher = cache.stats, cache.storage, cache.prefetcher
     return HiCacheLoad(
         device_hit_tokens=s.device_hit_tokens,
         host_hit_tokens=s.host_hit_tokens,
@@ -102,6 +114,9 @@ def hicache_load(cache: BasePrefixCache) -> HiCacheLoad | None:
         host_total_tokens=cache.host.size,
         storage_pending_writes=0 if storage is None else storage.pending_writes(),
         storage_used_bytes=0 if storage is None else storage.used_bytes(),
+        prefetched_tokens=s.prefetch_tokens,
+        prefetch_deferrals=s.prefetch_deferrals,
+        prefetch_staged_bytes=0 if prefetcher is None else prefetcher.staged_bytes(),
     )
 
 

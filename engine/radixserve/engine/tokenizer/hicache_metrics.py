@@ -19,12 +19,19 @@ COUNTERS = (
     ("load_back_duration_seconds", "load_back_seconds", "Time spent copying them"),
     ("backuped_tokens", "backup_tokens", "Tokens copied from the KV pool to the host tier"),
     ("hicache_dropped_tokens", "dropped_tokens", "Evicted tokens that no tier kept"),
+    ("prefetched_tokens", "prefetched_tokens", "Tokens read from storage for waiting requests"),
+    (
+        "storage_prefetch_deferrals",
+        "prefetch_deferrals",
+        "Admission rounds a request skipped while its storage read was unfinished",
+    ),
 )
 GAUGES = (
     ("hicache_host_used_tokens", "host_used_tokens", "Tokens held by the host tier"),
     ("hicache_host_total_tokens", "host_total_tokens", "Size of the host tier in tokens"),
     ("hicache_storage_write_queue_depth", "storage_pending_writes", "Pages queued for storage"),
     ("hicache_storage_used_bytes", "storage_used_bytes", "Bytes this replica sees in storage"),
+    ("hicache_prefetch_staged_bytes", "prefetch_staged_bytes", "Bytes read, not yet admitted"),
 )
 TIERS = (
     ("device", "device_hit_tokens"),
