@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,9 +67,29 @@ def client(master: str) -> HiCacheMooncake:
     )
 
 
-def test_another_replica_reads_the_prefix_from_mooncake(master: str) -> None:
+@pytest.fixture(scope="module")
+def clients(master: str) -> Iterator[tuple[HiCacheMooncake, HiCacheMooncake]]:
+    """Two replicas' store clients, made once (a client takes 2 s to close)."""
+    one, two = client(master), client(master)
+    yield one, two
+    one.close()
+    two.close()
+
+
+def replicas(clients: tuple[HiCacheMooncake, HiCacheMooncake]) -> tuple[World, World]:
+    return World(page=4, storage=clients[0]), World(page=4, storage=clients[1])
+
+
+def stop(*worlds: World) -> None:
+    """Stop the worlds' prefetch threads; their store clients stay open for the next test."""
+    for w in worlds:
+        assert w.cache.prefetcher is not None
+        w.cache.prefetcher.close()
+
+
+def test_another_replica_reads_the_prefix_from_mooncake(clients: Any) -> None:
     truth: dict = {}
-    one, two = World(page=4, storage=client(master)), World(page=4, storage=client(master))
+    one, two = replicas(clients)
     try:
         a = seq(500, 16)
         one.put(a, truth)
@@ -93,13 +114,12 @@ def test_another_replica_reads_the_prefix_from_mooncake(master: str) -> None:
             ("EXTERNAL", [digest_to_int64(digest)])
         ]
     finally:
-        one.cache.close()
-        two.cache.close()
+        stop(one, two)
 
 
-def test_a_corrupt_mooncake_object_is_recomputed(master: str) -> None:
+def test_a_corrupt_mooncake_object_is_recomputed(clients: Any) -> None:
     truth: dict = {}
-    one, two = World(page=4, storage=client(master)), World(page=4, storage=client(master))
+    one, two = replicas(clients)
     try:
         a = seq(900, 16)
         one.put(a, truth)
@@ -113,17 +133,12 @@ def test_a_corrupt_mooncake_object_is_recomputed(master: str) -> None:
         two.fetch(a)
         assert two.check_match(a, truth) == 4  # the page before the corrupt one
     finally:
-        one.cache.close()
-        two.cache.close()
+        stop(one, two)
 
 
-def test_replicas_of_one_master_share_a_storage_id(master: str) -> None:
-    one, two = client(master), client(master)
-    try:
-        assert one.storage_id() == two.storage_id() == f"mooncake:{master}_test-model_0_1"
-    finally:
-        one.close()
-        two.close()
+def test_replicas_of_one_master_share_a_storage_id(master: str, clients: Any) -> None:
+    one, two = clients
+    assert one.storage_id() == two.storage_id() == f"mooncake:{master}_test-model_0_1"
 
 
 def test_the_sweeper_reports_the_pages_the_master_evicted(tmp_path: Path) -> None:
