@@ -77,6 +77,13 @@ SCENARIOS: dict[str, dict[str, Any]] = {
             "kvOffload": {"hostRatio": 2, "storage": {"file": {"sizeGB": 2}}},
         }
     },
+    "example-mooncake": {
+        "example": {
+            "enabled": True,
+            "name": "demo",
+            "kvOffload": {"storage": {"mooncake": {"segmentSizeGB": 1}}},
+        }
+    },
 }
 
 
@@ -337,6 +344,19 @@ def test_example_kv_offload_reaches_the_spec() -> None:
     rendered = _one(_render("example-offload"), "InferenceService", "demo")
     offload = rendered["spec"]["engine"]["kvCache"]["offload"]
     assert offload == {"hostRatio": 2, "storage": {"file": {"sizeGB": 2}}}
+
+
+def test_example_mooncake_offload_gets_the_operators_master() -> None:
+    """The rendered example, as the operator reads it, runs a Mooncake master of its own."""
+    from radixserve.operator.builders import build_children
+    from radixserve.operator.config import OperatorConfig
+    from radixserve.operator.meta import Owner
+    from radixserve.operator.spec import parse_spec
+
+    rendered = _one(_render("example-mooncake"), "InferenceService", "demo")
+    spec = parse_spec(rendered["spec"], "demo")
+    children = build_children(Owner("demo", NAMESPACE, "u"), spec, OperatorConfig())
+    assert ("Deployment", "demo-mooncake") in {(c["kind"], c["metadata"]["name"]) for c in children}
 
 
 def test_notes_name_the_namespaces() -> None:

@@ -35,6 +35,7 @@ def test_manifest_tree_has_the_promised_files() -> None:
         "operator.yaml",
         "examples/smollm2-cpu.yaml",
         "examples/smollm2-hicache.yaml",
+        "examples/smollm2-hicache-mooncake.yaml",
         "examples/qwen3-moe-dp-ep.yaml",
         "examples/smollm2-autoscaled.yaml",
         "examples/keda-scaledobject.yaml",
@@ -140,6 +141,21 @@ def test_crd_schema_rejects_a_broken_example(
     node[field[-1]] = value
     with pytest.raises(AssertionError, match=error):
         validate_isvc(obj, crd)
+
+
+def test_mooncake_example_validates_and_gets_a_master(crd: dict[str, Any]) -> None:
+    from radixserve.operator.builders import build_children
+    from radixserve.operator.config import OperatorConfig
+    from radixserve.operator.meta import Owner
+    from radixserve.operator.spec import parse_spec
+
+    isvc = _example("smollm2-hicache-mooncake.yaml")
+    spec = validate_isvc(isvc, crd)["spec"]
+    name = isvc["metadata"]["name"]
+    owner = Owner(name=name, namespace="llm", uid="u")
+    children = build_children(owner, parse_spec(spec, name), OperatorConfig())
+    masters = [c for c in children if c["metadata"]["name"] == f"{name}-mooncake"]
+    assert sorted(c["kind"] for c in masters) == ["Deployment", "Service"]
 
 
 def test_pd_example_validates_and_parses(crd: dict[str, Any]) -> None:

@@ -107,6 +107,23 @@ SMOLLM_HICACHE: dict[str, Any] = {
     },
 }
 
+# HiCache over a Mooncake store whose master the operator runs (chat-mooncake).
+SMOLLM_MOONCAKE: dict[str, Any] = {
+    **SMOLLM_CPU,
+    "engine": {
+        **SMOLLM_CPU["engine"],
+        "resources": {"cpu": 2, "memory": "8Gi"},
+        "kvCache": {
+            "pageSize": 16,
+            "maxTotalTokens": 65536,
+            "offload": {
+                "hostRatio": 2,
+                "storage": {"mooncake": {"segmentSizeGB": 2}, "prefetchPolicy": "best_effort"},
+            },
+        },
+    },
+}
+
 CASES = {
     "smollm-cpu": SMOLLM_CPU,
     "moe-gpu": MOE_GPU,
@@ -116,6 +133,7 @@ CASES = {
     "smollm-keys": SMOLLM_KEYS,
     "smollm-pd": SMOLLM_PD,
     "smollm-hicache": SMOLLM_HICACHE,
+    "smollm-mooncake": SMOLLM_MOONCAKE,
 }
 
 

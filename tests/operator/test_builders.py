@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,10 @@ from tests.operator.cases import (
     PVC_SUSPENDED,
     SMOLLM_CPU,
     SMOLLM_HICACHE,
+    SMOLLM_MOONCAKE,
     SMOLLM_PD,
     UID,
+    spec_with,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,8 +65,10 @@ def test_every_child_passes_kubernetes_strict_validation(case: str) -> None:
     built = [(c["apiVersion"], c["kind"], c["metadata"]["name"]) for c in children]
     # every child in child_refs order; only the HPA is optional
     assert built == [ref for ref in child_refs(OWNER.name) if ref in built]
-    # only the HPA is optional, and either the engine pool or the prefill/decode pools
+    # only the HPA is optional, either the engine pool or the prefill/decode pools, and the
+    # Mooncake master (only for a Mooncake storage tier without a master of the user's)
     pools = {"chat-engine"} if "prefill" in CASES[case] else {"chat-prefill", "chat-decode"}
+    pools.add("chat-mooncake")
     assert {ref for ref in child_refs(OWNER.name) if ref not in built} <= {
         ("autoscaling/v2", "HorizontalPodAutoscaler", "chat"),
         *((api, kind, name) for api, kind, name in child_refs(OWNER.name) if name in pools),
@@ -151,7 +156,8 @@ def test_kv_offload_args_and_volume() -> None:
     from radixserve.engine.configs.cli_args import server_args_from_namespace
 
     options = server_args_from_namespace(ns).hicache_storage_options()
-    assert options == {"file_storage_path": "/hicache", "file_storage_max_size_gb": 50.0}
+    assert options["file_storage_path"] == "/hicache"
+    assert options["file_storage_max_size_gb"] == 50.0
     (dep,) = [
         c
         for c in _children(SMOLLM_HICACHE)
@@ -162,6 +168,71 @@ def test_kv_offload_args_and_volume() -> None:
         "volumes"
     ]
     assert {"name": "hicache", "mountPath": "/hicache"} in pod["containers"][0]["volumeMounts"]
+
+
+def test_a_mooncake_tier_gets_the_operators_master() -> None:
+    """The engines' flags parse with the engine's own parser and point at the master's
+    Service, whose selector and ports are the master pod's."""
+    from radixserve.engine.configs.cli_args import server_args_from_namespace
+
+    spec = parse_spec(SMOLLM_MOONCAKE, "chat")
+    ns = _engine_namespace(engine_args(spec))
+    assert ns.hicache_storage_backend == "mooncake"
+    assert ns.hicache_storage_prefetch_policy == "best_effort"
+    options = server_args_from_namespace(ns).hicache_storage_options()
+    assert options["master_server_address"] == "chat-mooncake:50051"
+    assert options["global_segment_size"] == 2 << 30
+    assert options["local_hostname"] == ""  # the engine offers its segment at the pod's address
+    children = {(c["kind"], c["metadata"]["name"]): c for c in _children(SMOLLM_MOONCAKE)}
+    service, master = children["Service", "chat-mooncake"], children["Deployment", "chat-mooncake"]
+    template = master["spec"]["template"]
+    assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
+    (container,) = template["spec"]["containers"]
+    assert container["command"] == ["mooncake_master"]
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert {p["targetPort"]: p["port"] for p in service["spec"]["ports"]} == named
+    assert "--rpc_port=50051" in container["args"]
+
+
+def test_a_mooncake_tier_with_its_own_master_gets_none_from_the_operator() -> None:
+    offload = {"storage": {"mooncake": {"masterAddress": "store.kv:50051"}}}
+    spec = parse_spec(spec_with("engine.kvCache.offload", offload), "chat")
+    ns = _engine_namespace(engine_args(spec))
+    from radixserve.engine.configs.cli_args import server_args_from_namespace
+
+    options = server_args_from_namespace(ns).hicache_storage_options()
+    assert options["master_server_address"] == "store.kv:50051"
+    assert options["global_segment_size"] == 1 << 30  # the spec's default
+    kinds = {c["metadata"]["name"] for c in build_children(OWNER, spec, OperatorConfig())}
+    assert "chat-mooncake" not in kinds
+
+
+@pytest.mark.parametrize(
+    ("storage", "name", "field"),
+    [
+        ({"file": {"sizeGB": 1}, "mooncake": {}}, "chat", "spec.engine.kvCache.offload.storage"),
+        ({"prefetchPolicy": "timeout"}, "chat", "spec.engine.kvCache.offload.storage"),
+        (
+            {"mooncake": {"masterAddress": "no-port"}},
+            "chat",
+            "spec.engine.kvCache.offload.storage.mooncake.masterAddress",
+        ),
+        (
+            {"mooncake": {}, "prefetchPolicy": "eager"},
+            "chat",
+            "spec.engine.kvCache.offload.storage.prefetchPolicy",
+        ),
+        ({"mooncake": {}}, "x" * 55, "metadata.name"),  # x-mooncake would pass 63 characters
+    ],
+)
+def test_bad_storage_is_refused_naming_the_field(
+    storage: dict[str, Any], name: str, field: str
+) -> None:
+    from radixserve.operator.schema import SpecError
+
+    spec = spec_with("engine.kvCache.offload", {"storage": storage})
+    with pytest.raises(SpecError, match=f"^{re.escape(field)}: "):
+        parse_spec(spec, name)
 
 
 def test_decode_pool_refuses_kv_offload() -> None:

@@ -73,7 +73,12 @@ def test_sample_specs_parse(case: str) -> None:
         ("engine.kvCache", {"offload": {"hostRatio": 2, "hostSizeGB": 1}}, "offload.hostSizeGB"),
         ("engine.kvCache", {"offload": {"writePolicy": "lazy"}}, "offload.writePolicy"),
         ("engine.kvCache", {"offload": {"storage": {"file": {}}}}, "file.sizeGB"),
-        ("engine.kvCache", {"offload": {"storage": {"mooncake": {}}}}, "storage.mooncake"),
+        (
+            "engine.kvCache",
+            {"offload": {"storage": {"mooncake": {"segmentSizeGB": 0}}}},
+            "mooncake.segmentSizeGB",
+        ),
+        ("engine.kvCache", {"offload": {"storage": {"s3": {}}}}, "storage.s3"),
         ("engine.kvCache", {"offload": {"hostGB": 1}}, "offload.hostGB"),
         ("engine.scheduler", {"policy": "sjf"}, "scheduler.policy"),
         ("engine.scheduler", {"chunkedPrefillSize": 0}, "scheduler.chunkedPrefillSize"),

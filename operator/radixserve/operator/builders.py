@@ -1,7 +1,8 @@
 """Spec → every child manifest of one InferenceService, in the order they are applied.
 
-Dependencies first: the router's identity and RBAC before its pods, the engines' Service
-before the router that watches it, the user-facing Service, then the HPA (only when
+Dependencies first: the router's identity and RBAC before its pods, the Mooncake master (only
+when the storage tier is a Mooncake store the operator runs) before the engines, the engines'
+Service before the router that watches it, the user-facing Service, then the HPA (only when
 `spec.autoscaling` is set and the service is not suspended). `child_refs` lists every child
 the operator may own, so a child the spec no longer asks for is found and removed.
 """
@@ -24,6 +25,12 @@ from radixserve.operator.kinds import (
     ResourceKind,
 )
 from radixserve.operator.meta import Owner, engine_name, pool_name, router_name
+from radixserve.operator.mooncake_manifests import (
+    mooncake_master_deployment,
+    mooncake_master_service,
+    mooncake_name,
+    owned_mooncake,
+)
 from radixserve.operator.network_policy import engine_network_policy
 from radixserve.operator.router_manifests import (
     frontend_service,
@@ -42,6 +49,7 @@ def build_children(
         router_service_account(owner),
         router_role(owner),
         router_role_binding(owner),
+        *_mooncake_master(owner, spec, config),
         *_engine_pools(owner, spec, config),
         router_deployment(owner, spec, config.router_image),
         frontend_service(owner),
@@ -50,6 +58,17 @@ def build_children(
         children.append(engine_network_policy(owner, spec))
     hpa = horizontal_pod_autoscaler(owner, spec)
     return children if hpa is None else [*children, hpa]
+
+
+def _mooncake_master(
+    owner: Owner, spec: InferenceServiceSpec, config: OperatorConfig
+) -> list[dict[str, Any]]:
+    """The Mooncake master of the storage tier, when the operator runs it (before the engines
+    that connect to it)."""
+    if owned_mooncake(spec) is None:
+        return []
+    image = spec.engine.image or config.engine_image  # mooncake_master ships in it
+    return [mooncake_master_service(owner), mooncake_master_deployment(owner, image)]
 
 
 def _engine_pools(
@@ -78,6 +97,8 @@ def child_refs(name: str, config: OperatorConfig | None = None) -> list[tuple[st
         (SERVICE_ACCOUNT, router_name(name)),
         (ROLE, router_name(name)),
         (ROLE_BINDING, router_name(name)),
+        (SERVICE, mooncake_name(name)),
+        (DEPLOYMENT, mooncake_name(name)),
         (SERVICE, engine_name(name)),
         (DEPLOYMENT, engine_name(name)),
         *((kind, pool_name(name, role)) for role in ROLES for kind in (SERVICE, DEPLOYMENT)),

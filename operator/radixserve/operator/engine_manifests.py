@@ -24,6 +24,7 @@ from radixserve.operator.meta import (
     pool_selector,
     secret_env,
 )
+from radixserve.operator.mooncake_manifests import master_address
 from radixserve.operator.schema import (
     PREFILL,
     BuiltinSource,
@@ -102,7 +103,7 @@ def engine_args(spec: InferenceServiceSpec, role: str | None = None) -> list[str
             args += [flag, str(value)]
     if p.dp_attention:
         args.append("--enable-dp-attention")
-    args += _offload_args(e.kv_cache.offload)
+    args += _offload_args(spec, e.kv_cache.offload)
     if role is not None:
         args += ["--disaggregation-mode", role]
     if role == PREFILL and spec.pd is not None:
@@ -110,8 +111,9 @@ def engine_args(spec: InferenceServiceSpec, role: str | None = None) -> list[str
     return args + list(e.extra_args)
 
 
-def _offload_args(offload: KVOffload | None) -> list[str]:
-    """HiCache's flags: the host tier, and the file storage tier on its volume."""
+def _offload_args(spec: InferenceServiceSpec, offload: KVOffload | None) -> list[str]:
+    """HiCache's flags: the host tier, and the storage tier (files on their volume, or a
+    Mooncake store whose master is the operator's or the user's)."""
     if offload is None:
         return []
     args = ["--enable-hierarchical-cache"]
@@ -128,6 +130,16 @@ def _offload_args(offload: KVOffload | None) -> list[str]:
         }
         args += ["--hicache-storage-backend", "file"]
         args += ["--hicache-storage-backend-extra-config", json.dumps(config)]
+    if offload.mooncake is not None:
+        # local_hostname left out: the engine offers its segment at the pod's own address
+        config = {
+            "master_server_address": master_address(spec, offload.mooncake),
+            "global_segment_size": int(offload.mooncake.segment_size_gb * (1 << 30)),
+        }
+        args += ["--hicache-storage-backend", "mooncake"]
+        args += ["--hicache-storage-backend-extra-config", json.dumps(config)]
+    if offload.prefetch_policy is not None:
+        args += ["--hicache-storage-prefetch-policy", offload.prefetch_policy]
     return args
 
 

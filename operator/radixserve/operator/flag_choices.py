@@ -23,3 +23,5 @@ ENGINE_POLICIES = ENGINE_CHOICES["--schedule-policy"]  # spec.engine.scheduler.p
 ROUTER_POLICIES = ROUTER_CHOICES["--policy"]  # spec.router.policy
 # spec.engine.kvCache.offload.writePolicy
 HICACHE_WRITE_POLICIES = ENGINE_CHOICES["--hicache-write-policy"]
+# spec.engine.kvCache.offload.storage.prefetchPolicy
+HICACHE_PREFETCH_POLICIES = ENGINE_CHOICES["--hicache-storage-prefetch-policy"]

@@ -15,9 +15,9 @@ from radixserve.operator.schema import InferenceServiceSpec
 
 
 def engine_network_policy(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
-    """With prefill/decode pools, their pods (all engine pods of X) also accept each other on
-    any TCP port: the KV moves over Mooncake's and the control sockets' ephemeral ports, and
-    the decode reaches the prefill's bootstrap port."""
+    """With prefill/decode pools, or a Mooncake storage tier, the engine pods of X also accept
+    each other on any TCP port: the KV moves over Mooncake's and the control sockets'
+    ephemeral ports, and the decode reaches the prefill's bootstrap port."""
     ports = [ENGINE_HTTP_PORT] + [p for _, p in kv_event_ports(spec.engine.parallelism.dp)]
     ingress: list[dict[str, Any]] = [
         {
@@ -25,7 +25,8 @@ def engine_network_policy(owner: Owner, spec: InferenceServiceSpec) -> dict[str,
             "ports": [{"protocol": "TCP", "port": port} for port in ports],
         }
     ]
-    if spec.pd is not None:
+    offload = spec.offload
+    if spec.pd is not None or (offload is not None and offload.mooncake is not None):
         peers = {"podSelector": {"matchLabels": selector(owner.name, ENGINE)}}
         ingress.append({"from": [peers], "ports": [{"protocol": "TCP"}]})
     return {

@@ -90,13 +90,27 @@ class FileStorage:
 
 
 @dataclass(frozen=True)
+class MooncakeStorage:
+    """HiCache's storage tier in a Mooncake store: each engine rank lends `segment_size_gb` of
+    its memory to the store, which a Mooncake master coordinates: the operator's own
+    (`master_address` None: a Deployment and Service named `<name>-mooncake`), or a master
+    the user runs."""
+
+    segment_size_gb: float = 1.0
+    master_address: str | None = None
+
+
+@dataclass(frozen=True)
 class KVOffload:
-    """HiCache (--enable-hierarchical-cache): a host tier, and optionally a storage tier."""
+    """HiCache (--enable-hierarchical-cache): a host tier, and optionally a storage tier (one
+    of `file` and `mooncake`)."""
 
     host_ratio: float | None = None
     host_size_gb: float | None = None
     write_policy: str | None = None
     file: FileStorage | None = None
+    mooncake: MooncakeStorage | None = None
+    prefetch_policy: str | None = None  # --hicache-storage-prefetch-policy
 
 
 @dataclass(frozen=True)
@@ -193,6 +207,14 @@ class InferenceServiceSpec:
     suspend: bool = False
     api_key: SecretKeyRef | None = None  # clients → router → engines, one key
     pd: PDSpec | None = None  # prefill/decode pools instead of spec.engine
+    name: str = ""  # the InferenceService's (children's names derive from it)
+
+    @property
+    def offload(self) -> KVOffload | None:
+        """kvCache.offload of the pool that caches prefixes: spec.engine's, or spec.prefill's
+        (a decode pool has none)."""
+        engine = self.engine if self.pd is None else self.pd.pool(PREFILL)
+        return engine.kv_cache.offload
 
     def for_role(self, role: str) -> InferenceServiceSpec:
         """This spec with the role's pool as its engine (what the engine builders read)."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from radixserve.operator.flag_choices import (
     ENGINE_POLICIES,
+    HICACHE_PREFETCH_POLICIES,
     HICACHE_WRITE_POLICIES,
     ROUTER_POLICIES,
 )
@@ -33,6 +34,7 @@ from radixserve.operator.schema import (
     KVOffload,
     ModelSource,
     ModelSpec,
+    MooncakeStorage,
     Parallelism,
     PDSpec,
     PvcSource,
@@ -52,6 +54,8 @@ RESERVED_PORTS = (30000, 5557, 5558, 8000)  # the engine's HTTP and KV-event por
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+HOST_PORT = re.compile(r"^[-.a-zA-Z0-9]+:[0-9]{1,5}$")
+MOONCAKE_SUFFIX = "-mooncake"  # the operator's Mooncake master: Deployment and Service
 # Env vars the operator fills from secretKeyRefs (spec.engine.env may not set them).
 API_KEY_ENV = "RADIXSERVE_API_KEY"
 _QUANTITY = re.compile(
@@ -177,7 +181,7 @@ def parse_spec(spec: Mapping[str, Any] | None, name: str) -> InferenceServiceSpe
     pd = _pd(r, name)
     if pd is not None and r.data.get("autoscaling") is not None:
         raise SpecError("spec.autoscaling", "is not supported with spec.prefill / spec.decode yet")
-    return InferenceServiceSpec(
+    parsed = InferenceServiceSpec(
         model=_model(r.child("model", required=True)),
         engine=_engine(r.child("engine")),
         router=_router(r.child("router")),
@@ -187,7 +191,23 @@ def parse_spec(spec: Mapping[str, Any] | None, name: str) -> InferenceServiceSpe
         suspend=r.boolean("suspend", False),
         api_key=_secret_ref(r, "apiKeySecretRef", "api-key"),
         pd=pd,
+        name=name,
     )
+    _check_mooncake_name(parsed, name)
+    return parsed
+
+
+def _check_mooncake_name(spec: InferenceServiceSpec, name: str) -> None:
+    offload = spec.offload
+    mooncake = None if offload is None else offload.mooncake
+    if mooncake is None or mooncake.master_address is not None:
+        return
+    limit = 63 - len(MOONCAKE_SUFFIX)
+    if len(name) > limit:
+        raise SpecError(
+            "metadata.name",
+            f"must be at most {limit} characters with an operator-run Mooncake master",
+        )
 
 
 def _pd(r: _Reader, name: str) -> PDSpec | None:
@@ -410,21 +430,34 @@ def _offload(r: _Reader) -> KVOffload:
     if ratio is not None and size is not None:
         raise SpecError(r.at("hostSizeGB"), "set hostRatio or hostSizeGB, not both")
     storage = r.child("storage")
-    storage.only("file")
-    file = None
-    if storage.data.get("file") is not None:
-        f = storage.child("file")
-        f.only("sizeGB", "claimName")
-        size_gb = _positive(f, "sizeGB")
-        if size_gb is None:
-            raise SpecError(f.at("sizeGB"), "is required")
-        file = FileStorage(size_gb, f.string("claimName", None))
+    storage.only("file", "mooncake", "prefetchPolicy")
+    backends = [b for b in ("file", "mooncake") if storage.data.get(b) is not None]
+    if r.data.get("storage") is not None and len(backends) != 1:
+        raise SpecError(storage.path, "set exactly one of file and mooncake")
     return KVOffload(
         host_ratio=ratio,
         host_size_gb=size,
         write_policy=r.string("writePolicy", None, HICACHE_WRITE_POLICIES),
-        file=file,
+        file=_file_storage(storage.child("file")) if "file" in backends else None,
+        mooncake=_mooncake(storage.child("mooncake")) if "mooncake" in backends else None,
+        prefetch_policy=storage.string("prefetchPolicy", None, HICACHE_PREFETCH_POLICIES),
     )
+
+
+def _file_storage(f: _Reader) -> FileStorage:
+    f.only("sizeGB", "claimName")
+    size_gb = _positive(f, "sizeGB")
+    if size_gb is None:
+        raise SpecError(f.at("sizeGB"), "is required")
+    return FileStorage(size_gb, f.string("claimName", None))
+
+
+def _mooncake(m: _Reader) -> MooncakeStorage:
+    m.only("segmentSizeGB", "masterAddress")
+    address = m.string("masterAddress", None)
+    if address is not None and not HOST_PORT.fullmatch(address):
+        raise SpecError(m.at("masterAddress"), f"must be host:port, got {address!r}")
+    return MooncakeStorage(_positive(m, "segmentSizeGB") or 1.0, address)
 
 
 def _scheduler(r: _Reader) -> Scheduler:

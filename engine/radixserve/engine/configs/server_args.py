@@ -53,7 +53,7 @@ HICACHE_STORAGE_OPTIONS: dict[str, dict[str, Any]] = {
     "mooncake": {  # SGLang's names for the Mooncake store's client
         **HICACHE_PREFETCH_OPTIONS,
         "master_server_address": None,
-        "local_hostname": "127.0.0.1",
+        "local_hostname": "",  # "": the address --host serves at (the pod's, on 0.0.0.0)
         "protocol": "tcp",
         "device_name": "",
         "global_segment_size": 1 << 30,

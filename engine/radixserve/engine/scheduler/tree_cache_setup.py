@@ -16,6 +16,7 @@ from radixserve.engine.mem_cache.hiradix_cache import HiCacheConfig, HiRadixCach
 from radixserve.engine.mem_cache.memory_pool_host import host_pool_tokens
 from radixserve.engine.mem_cache.radix_cache import RadixCache
 from radixserve.engine.model_executor.model_runner import ModelRunner
+from radixserve.engine.scheduler.disagg_common import advertised_host
 
 
 def make_tree_cache(args: ServerArgs, runner: ModelRunner) -> BasePrefixCache:
@@ -79,7 +80,7 @@ def _storage(args: ServerArgs, runner: ModelRunner) -> HiCacheStorage | None:
                 model_tag=tag,
                 tp_rank=tp.rank,
                 tp_size=tp.size,
-                local_hostname=options["local_hostname"],
+                local_hostname=options["local_hostname"] or advertised_host(args.host),
                 protocol=options["protocol"],
                 device_name=options["device_name"],
                 global_segment_size=int(options["global_segment_size"]),
