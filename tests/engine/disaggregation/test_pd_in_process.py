@@ -18,6 +18,7 @@ from radixserve.engine.entrypoints.request_builder import (
     build_inputs,
 )
 from radixserve.engine.ipc.messages import Bootstrap
+from radixserve.engine.mem_cache.hiradix_cache import HiRadixCache
 from radixserve.engine.scheduler.req import Req
 from radixserve.engine.scheduler.scheduler_core import SchedulerCore
 from tests.conftest import PROMPTS
@@ -202,3 +203,69 @@ def test_retractions_on_the_decode_keep_the_outputs(colocated: SchedulerCore) ->
     finally:
         p.close()
         d.close()
+
+
+def test_hicache_on_both_sides_keeps_the_outputs(colocated: SchedulerCore, tmp_path: Any) -> None:
+    """HiCache under PD. The prefill's pool is too small for six tenants' system prompts: they
+    are demoted to its host tier and its storage folder, and loaded back for the tenants'
+    second questions; the decode keeps a radix cache with a host tier of its own. A fresh
+    prefill over the same folder then reads the prefixes from storage. Every output is the
+    co-located server's."""
+    from tests.engine.mem_cache.test_hicache_outputs import QUESTIONS, system_prompt
+
+    ps, tenants = 16, 6
+    rounds = [
+        [f"{system_prompt(t)}\nUser: {QUESTIONS[(t + k) % len(QUESTIONS)]}" for t in range(tenants)]
+        for k in range(3)
+    ]
+    paged = colocated.with_args(page_size=ps)
+    expected = [_colocated_outputs(paged, r) for r in rounds]
+    paged.close()
+    extra = f'{{"file_storage_path": "{tmp_path}", "prefetch_threshold": 64}}'
+    hicache = {
+        "page_size": ps, "enable_hierarchical_cache": True, "hicache_ratio": 4.0,
+    }  # fmt: skip
+    storage = {
+        "hicache_storage_backend": "file", "hicache_storage_backend_extra_config": extra,
+    }  # fmt: skip
+    decode = {**hicache, "disaggregation_decode_enable_radix_cache": True}
+    p, d, port = _pair(colocated, {**hicache, **storage, "max_total_tokens": 384}, decode)
+    got = []
+    try:
+        for i, texts in enumerate(rounds[:2]):
+            got.append(_serve_pair(p, d, port, texts, 900 + 10 * i))
+        assert _hicache(p).stats.host_hit_tokens > 0
+        storage_tier = _hicache(p).storage
+        assert storage_tier is not None
+        storage_tier.flush()
+        p.close()
+        # a fresh prefill over the same folder (nothing on its device or host), elsewhere
+        port = free_port()
+        p = colocated.with_args(
+            **hicache, **storage, max_total_tokens=384, disaggregation_mode="prefill",
+            disaggregation_transfer_backend="fake", disaggregation_bootstrap_port=port,
+        )  # fmt: skip
+        got.append(_serve_pair(p, d, port, rounds[2], 950))
+        assert _hicache(p).stats.storage_hit_tokens >= tenants * 96  # each system prompt
+        assert got == expected
+        for core in (p, d):
+            core.scheduler.check_memory_invariant()
+    finally:
+        p.close()
+        d.close()
+
+
+def _hicache(core: SchedulerCore) -> HiRadixCache:
+    cache = core.scheduler.tree_cache
+    assert isinstance(cache, HiRadixCache)
+    return cache
+
+
+def _serve_pair(
+    p: SchedulerCore, d: SchedulerCore, port: int, texts: list[str], room: int
+) -> list[list[int]]:
+    preqs, dreqs = _reqs(p, texts, port, room), _reqs(d, texts, port, room)
+    for r in dreqs + preqs:
+        (d if r in dreqs else p).scheduler.add_request(r)
+    _run([p, d], preqs + dreqs)
+    return [r.output_ids for r in dreqs]
