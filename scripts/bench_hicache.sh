@@ -61,7 +61,9 @@ run() {  # NAME FLAGS...
             --gsp-output-len "$OUTPUT_LEN" --max-concurrency "$IN_FLIGHT" --seed "$s" \
             --output-file "$out/$name-sample$s.json" >/dev/null
     done
+    sleep 2  # the storage writer drains; then the pools should be at rest
     curl -sf "http://127.0.0.1:$port/metrics" >"$out/$name.metrics"
+    du -sb "$store" | cut -f1 >"$out/$name.storage-bytes"
     stop_server
 }
 
@@ -77,22 +79,22 @@ for server in ${SERVERS:-none host storage big-pool}; do
     esac
 done
 
-python - "$out" "$SAMPLES" <<'PY'
+python - "$out" "$SAMPLES" ${SERVERS:-none host storage big-pool} <<'PY'
 import json
 import sys
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-out, samples = Path(sys.argv[1]), int(sys.argv[2])
+out, samples, servers = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
 print("| server | sample | cached-token ratio | mean TTFT ms | p99 TTFT ms | output tok/s |")
 print("|---|---|---|---|---|---|")
-for name in ("none", "host", "storage", "big-pool"):
+for name in servers:
     for s in range(1, samples + 1):
         r = json.loads((out / f"{name}-sample{s}.json").read_text())["results"]
         print(f"| {name} | {s} | {r['cache_hit_rate']:.3f} | {r['mean_ttft_ms']:.0f} "
               f"| {r['p99_ttft_ms']:.0f} | {r['output_throughput']:.1f} |")
-for name in ("host", "storage"):
+for name in [s for s in servers if s in ("host", "storage")]:
     values = {}
     for fam in text_string_to_metric_families((out / f"{name}.metrics").read_text()):
         for sample in fam.samples:
@@ -103,4 +105,12 @@ for name in ("host", "storage"):
     if tokens:
         print(f"{name}: loaded back {tokens:.0f} tokens in {secs:.2f} s "
               f"({secs / tokens * 1e6:.1f} us/token)")
+    at_rest = {k.removeprefix("radixserve:"): int(v) for k, v in values.items() if k in (
+        "radixserve:prefetched_tokens_total", "radixserve:storage_prefetch_deferrals_total",
+        "radixserve:hicache_host_used_tokens", "radixserve:hicache_host_total_tokens",
+        "radixserve:hicache_storage_write_queue_depth", "radixserve:hicache_prefetch_staged_bytes",
+        "radixserve:num_running_reqs", "radixserve:num_queue_reqs",
+    )}
+    stored = int((out / f"{name}.storage-bytes").read_text())
+    print(f"{name}: after the run {at_rest}; storage folder {stored} bytes")
 PY

@@ -152,6 +152,27 @@ def test_a_prefix_the_tree_gained_meanwhile_is_not_loaded_twice(tmp_path: Path) 
     w.cache.close()
 
 
+def test_a_prefix_the_tree_lost_meanwhile_is_read_again(tmp_path: Path) -> None:
+    """The read covers what follows the tree's match; when that match is evicted for room
+    before the request goes, the pages would follow a gap: they are read again, from where
+    the tree ends now, and the request waits for that."""
+    truth: dict[tuple[int, ...], torch.Tensor] = {}
+    prompt = seq(0, 32)
+    written(tmp_path, truth, prompt)
+    w, store = reader(tmp_path, "wait_complete")
+    w.put(prompt[:16], truth)
+    w.cache.prefetch("a", prompt)  # reads tokens 16..31 only
+    store.release()
+    w.cache.wait_prefetch(10)  # until the read finished
+    w.cache.evict(64)
+    w.cache.evict_host(64)  # the first half is gone from every tier here
+    assert not w.cache.prefetch_ready("a", prompt)  # read again, from token 0
+    assert w.cache.stats.prefetch_lost_tokens == 16
+    wait_until(lambda: w.cache.prefetch_ready("a", prompt))
+    assert w.check_match(prompt, truth) == 32
+    w.cache.close()
+
+
 def test_a_failing_store_costs_a_recompute_and_nothing_else(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

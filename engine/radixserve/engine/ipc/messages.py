@@ -111,6 +111,7 @@ class HiCacheLoad(_Msg, frozen=True):
     storage_used_bytes: int = 0
     prefetched_tokens: int = 0
     prefetch_deferrals: int = 0
+    prefetch_lost_tokens: int = 0
     prefetch_staged_bytes: int = 0
 
 

@@ -54,6 +54,7 @@ class PrefetchOp:
     done: threading.Event = field(default_factory=threading.Event)
     cancelled: bool = False
     blocked_since: float | None = None  # the first admission round that found it unfinished
+    retry: int = 0  # how many reads of this request came before (the tree lost their prefix)
 
 
 class StoragePrefetcher:
@@ -83,8 +84,8 @@ class StoragePrefetcher:
         )
         self._reader.start()
 
-    def submit(self, start: int, digests: list[bytes]) -> PrefetchOp:
-        op = PrefetchOp(start, digests)
+    def submit(self, start: int, digests: list[bytes], retry: int = 0) -> PrefetchOp:
+        op = PrefetchOp(start, digests, retry=retry)
         self._queue.put(op)
         return op
 

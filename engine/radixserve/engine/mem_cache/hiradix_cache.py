@@ -80,6 +80,7 @@ class HiCacheStats:
     storage_written_pages: int = 0
     prefetch_tokens: int = 0  # read from storage and attached as host nodes
     prefetch_deferrals: int = 0  # admission rounds a request skipped, its prefetch unfinished
+    prefetch_lost_tokens: int = 0  # read, then dropped: the tree lost their prefix meanwhile
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,15 +258,18 @@ class HiRadixCache(RadixCache):
     def prefetch(self, rid: str, key: list[int]) -> None:
         """Start reading the pages of `key` past the tree's match from storage (a waiting
         request's; once per request id)."""
-        if self.prefetcher is None or rid in self._prefetches:
-            return
+        if self.prefetcher is not None and rid not in self._prefetches:
+            self._start_prefetch(rid, key, retry=0)
+
+    def _start_prefetch(self, rid: str, key: list[int], retry: int) -> None:
+        assert self.prefetcher is not None
         ps = self.page_size
         key = key[: len(key) // ps * ps]
         start, seed = self._reach(key)
         if len(key) - start < max(self.prefetcher.config.threshold, ps):
             return  # the same answer on every rank: the tree and the key are the same
         digests = hash_pages(key[start:], ps, seed)
-        self._prefetches[rid] = self.prefetcher.submit(start, digests)
+        self._prefetches[rid] = self.prefetcher.submit(start, digests, retry)
 
     def prefetch_ready(self, rid: str, key: list[int]) -> bool:
         """Whether the request may be admitted now (always, without a prefetch). When it may,
@@ -279,8 +283,15 @@ class HiRadixCache(RadixCache):
             return False
         del self._prefetches[rid]
         pages = self.prefetcher.finish(op, n)
-        self._attach(key, op.start, op.digests[:n], pages)
-        return True
+        if self._attach(key, op.start, op.digests[:n], pages):
+            return True
+        # The tree lost part of the prefix these pages follow while they were read (evicted
+        # for room): read again from where it ends now, once, unless the policy never waits.
+        self.stats.prefetch_lost_tokens += len(pages) * self.page_size
+        if op.retry or self.prefetcher.config.policy == "best_effort":
+            return True
+        self._start_prefetch(rid, key, retry=op.retry + 1)
+        return rid not in self._prefetches
 
     def drop_prefetches(self, keep: set[str]) -> None:
         """Stop the prefetches of requests no longer waiting (aborted, or admitted by a path
@@ -315,15 +326,18 @@ class HiRadixCache(RadixCache):
             node, key = child, key[n:]
         return length, seed
 
-    def _attach(self, key: list[int], start: int, digests: list[bytes], pages: list[bytes]) -> None:
+    def _attach(self, key: list[int], start: int, digests: list[bytes], pages: list[bytes]) -> bool:
         """Pages read for `key[start:]` become a host-only node under the tree's match, from
-        where the tree ends now (it may have grown, or lost the prefix, since the read began)."""
+        where the tree ends now (it may have grown since the read began). False when the tree
+        lost part of the prefix before `start` meanwhile: the pages would follow a gap."""
         ps = self.page_size
         end = start + len(pages) * ps
         path = self._walk(key[:end], count_hits=False) if pages else []
         reached = sum(len(n.key) for n in path)
-        if not pages or not start <= reached < end:
-            return
+        if not pages or reached >= end:
+            return True
+        if reached < start:
+            return False
         for x in path:  # making host room must not drop the anchor
             x.host_lock_ref += 1
         try:
@@ -332,7 +346,7 @@ class HiRadixCache(RadixCache):
             for x in path:
                 x.host_lock_ref -= 1
         if slots is None:
-            return
+            return True  # no host room: recomputed, as any miss
         skip = (reached - start) // ps
         for i, payload in enumerate(pages[skip:]):
             self.host.write_tokens(slots[i * ps : (i + 1) * ps], payload)
@@ -345,6 +359,7 @@ class HiRadixCache(RadixCache):
         self.stats.prefetch_tokens += end - reached
         if self.enable_events:
             self._record_stored(node, MEDIUM_HOST)
+        return True
 
     def _queue_storage(self, node: TreeNode, only_missing: bool = False) -> None:
         if self.storage is None or node.host_value is None:

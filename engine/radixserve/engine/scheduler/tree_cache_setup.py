@@ -117,6 +117,7 @@ def hicache_load(cache: BasePrefixCache) -> HiCacheLoad | None:
         storage_used_bytes=0 if storage is None else storage.used_bytes(),
         prefetched_tokens=s.prefetch_tokens,
         prefetch_deferrals=s.prefetch_deferrals,
+        prefetch_lost_tokens=s.prefetch_lost_tokens,
         prefetch_staged_bytes=0 if prefetcher is None else prefetcher.staged_bytes(),
     )
 

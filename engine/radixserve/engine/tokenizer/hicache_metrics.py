@@ -25,6 +25,11 @@ COUNTERS = (
         "prefetch_deferrals",
         "Admission rounds a request skipped while its storage read was unfinished",
     ),
+    (
+        "storage_prefetch_lost_tokens",
+        "prefetch_lost_tokens",
+        "Tokens read from storage, then dropped: the prefix they follow was evicted meanwhile",
+    ),
 )
 GAUGES = (
     ("hicache_host_used_tokens", "host_used_tokens", "Tokens held by the host tier"),
