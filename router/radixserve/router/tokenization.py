@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import httpx
 from tokenizers import AddedToken, Tokenizer
 
 from radixserve.protocol.request_fields import is_token_id, message_dicts, template_tools
-from radixserve.router.chat_template import render_chat
+from radixserve.router.chat_memo import ChatPrefixMemo
 from radixserve.router.mirror.tree import decode_tokens, encode_tokens
 from radixserve.router.token_pieces import PieceEncoder, encode_whole
 
@@ -62,6 +62,8 @@ class RouterTokenizer:
     pieces: PieceEncoder
     # the post-processor adds no token: add_special_tokens=True encodes from pieces too
     adds_nothing: bool
+    # tenants' rendered chat-template heads (chat_memo.py)
+    chat_memo: ChatPrefixMemo = field(default_factory=ChatPrefixMemo, compare=False)
 
     # ---- construction ---------------------------------------------------------------------------
 
@@ -165,7 +167,9 @@ class RouterTokenizer:
         if self.chat_template is None:
             raise ValueError("messages: this model has no chat template")
         dicts = message_dicts(messages)
-        return render_chat(self.chat_template, dicts, self.special_tokens, chat_template_kwargs)
+        return self.chat_memo.render(
+            self.chat_template, dicts, self.special_tokens, chat_template_kwargs
+        )
 
     def encode_chat(self, messages: Any, chat_template_kwargs: Any = None) -> list[int]:
         """A chat request's prompt ids, as the engine's /v1/chat/completions computes them."""
