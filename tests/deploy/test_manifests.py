@@ -37,6 +37,7 @@ def test_manifest_tree_has_the_promised_files() -> None:
         "examples/smollm2-hicache.yaml",
         "examples/smollm2-hicache-mooncake.yaml",
         "examples/qwen3-moe-dp-ep.yaml",
+        "examples/deepseek-v2-lite-dp-ep.yaml",
         "examples/smollm2-autoscaled.yaml",
         "examples/keda-scaledobject.yaml",
         "examples/prometheus-adapter-rules.yaml",

@@ -3,8 +3,9 @@
 Two example InferenceServices go through the operator's own spec parser and builders:
 `manifests/examples/smollm2-hicache.yaml` as it is (smollm2-cpu.yaml plus a host and a file
 storage tier, `kvCache.offload`; the storage folder moved to a local one per pod), and
-`manifests/examples/qwen3-moe-dp-ep.yaml` (DP attention + expert parallelism) with a tiny
-random-weight Qwen3-MoE made in the test in place of the 30B checkpoint (a hostPath source),
+`manifests/examples/deepseek-v2-lite-dp-ep.yaml` (DP attention + expert parallelism, the layout
+made for MLA) with a tiny random-weight DeepSeek-V3 (MLA, grouped top-k MoE) made in the test
+in place of the 16B checkpoint (a hostPath source),
 on the CPU at tp=2, dp=2, ep=2 with one replica (the rendered `--enable-dp-attention`,
 per-rank KV-event ports and all). Then, as processes on 127.0.0.1:
 - each engine replica runs the engine container's command and args as rendered (only the
@@ -65,11 +66,11 @@ class Case:
 
 
 def tiny_moe_on_cpu(spec: dict[str, Any], tmp: Path) -> dict[str, Any]:
-    """The DP-attention + EP example at a size this machine runs: a tiny Qwen3-MoE from a
+    """The DP-attention + EP example at a size this machine runs: a tiny DeepSeek-V3 from a
     hostPath, the CPU instead of 4 GPUs, tp=2 / dp=2 / ep=2, one replica, a small KV pool."""
     from tests.reliability.conftest import save_tiny_checkpoint
 
-    folder = save_tiny_checkpoint(tmp / "qwen3-moe-tiny", "qwen3_moe")
+    folder = save_tiny_checkpoint(tmp / "deepseek-v3-tiny", "deepseek_v3")
     engine = spec["engine"]
     for key in ("device", "nodeSelector", "tolerations"):
         engine.pop(key, None)
@@ -88,9 +89,9 @@ CASES = {
         "You are a terse assistant for a shipping company. " * 12,
         ("Where is my parcel?", "Can I change the address?", "Do you ship abroad?"),
     ),
-    "moe-dp-ep": Case(
-        "qwen3-moe-dp-ep.yaml",
-        "qwen3-30b-a3b",
+    "mla-dp-ep": Case(
+        "deepseek-v2-lite-dp-ep.yaml",
+        "deepseek-v2-lite-chat",
         " ".join(f"t{2 + i % 50}" for i in range(120)),  # the word-level tokenizer's words
         ("t7 t8 t9", "t10 t11", "t12 t13 t14 t15"),
         tiny_moe_on_cpu,
