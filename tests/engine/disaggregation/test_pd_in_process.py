@@ -269,3 +269,28 @@ def _serve_pair(
         (d if r in dreqs else p).scheduler.add_request(r)
     _run([p, d], preqs + dreqs)
     return [r.output_ids for r in dreqs]
+
+
+def test_a_prefill_restarted_at_the_same_address_is_found_again(
+    colocated: SchedulerCore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefill that restarts at the same bootstrap address (a container restarted in its pod)
+    has new control endpoints. The decode's heartbeat sees the bootstrap server's new session,
+    looks the prefill up again and sends the waiting rooms' KV requests there: the requests
+    the router sent to the new process complete, with the co-located outputs."""
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", "0.2")
+    expected = _colocated_outputs(colocated, PROMPTS[:4])
+    p, d, port = _pair(colocated, {}, {})
+    try:
+        assert _serve_pair(p, d, port, PROMPTS[:4], 1100) == expected
+        p.close()
+        p = colocated.with_args(
+            disaggregation_mode="prefill", disaggregation_transfer_backend="fake",
+            disaggregation_bootstrap_port=port,
+        )  # fmt: skip
+        assert _serve_pair(p, d, port, PROMPTS[:4], 1200) == expected
+        for core in (p, d):
+            core.scheduler.check_memory_invariant()
+    finally:
+        p.close()
+        d.close()

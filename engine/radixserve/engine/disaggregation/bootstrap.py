@@ -4,11 +4,15 @@ The server runs on a thread of the prefill's first scheduler rank, on
 `--disaggregation-bootstrap-port`. Each prefill rank registers its control endpoint and the
 topology (`PUT /route`); a decode fetches them (`GET /route`: 503 until every rank has
 registered) before it sends anything, and polls `GET /health` while it waits on that prefill.
+Both answers carry the server's session id, new at every start: a prefill that restarted at the
+same address (a container restarted in its pod) has new control endpoints, and the decode
+must look them up again.
 """
 
 from __future__ import annotations
 
 import threading
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -28,6 +32,7 @@ class Registration(msgspec.Struct, frozen=True):
 class _Table:
     def __init__(self, tp_size: int) -> None:
         self.tp_size = tp_size
+        self.session = uuid.uuid4().hex
         self.lock = threading.Lock()
         self.topology: Topology | None = None
         self.ranks: dict[int, RankInfo] = {}
@@ -41,7 +46,8 @@ class _Table:
         with self.lock:
             if self.topology is None or len(self.ranks) < self.tp_size:
                 return None
-            return PrefillInfo(self.topology, [self.ranks[r] for r in sorted(self.ranks)])
+            ranks = [self.ranks[r] for r in sorted(self.ranks)]
+            return PrefillInfo(self.topology, ranks, self.session)
 
 
 def _handler(table: _Table) -> type[BaseHTTPRequestHandler]:
@@ -56,7 +62,7 @@ def _handler(table: _Table) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             path = self.path.split("?", 1)[0]
             if path == "/health":
-                self._reply(200, b"{}")
+                self._reply(200, msgspec.json.encode({"session": table.session}))
             elif path == "/route":
                 info = table.info()
                 if info is None:
@@ -118,8 +124,16 @@ def fetch_prefill_info(address: str, timeout_s: float = 5.0) -> PrefillInfo:
     return msgspec.json.decode(r.content, type=PrefillInfo)
 
 
-def is_healthy(address: str, timeout_s: float = 2.0) -> bool:
+def health_session(address: str, timeout_s: float = 2.0) -> str | None:
+    """The session GET /health names ("" from a server that names none); None: no answer."""
     try:
-        return httpx.get(f"http://{address}/health", timeout=timeout_s).status_code == 200
+        r = httpx.get(f"http://{address}/health", timeout=timeout_s)
     except httpx.HTTPError:
-        return False
+        return None
+    if r.status_code != 200:
+        return None
+    try:
+        session = r.json().get("session", "")
+    except (ValueError, AttributeError):
+        return ""
+    return session if isinstance(session, str) else ""

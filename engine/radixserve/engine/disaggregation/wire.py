@@ -55,10 +55,13 @@ class RankInfo(msgspec.Struct, frozen=True):
 
 
 class PrefillInfo(msgspec.Struct, frozen=True):
-    """GET /route on a prefill's bootstrap server, once every rank registered."""
+    """GET /route on a prefill's bootstrap server, once every rank registered. `session`: new
+    each time the server starts (GET /health says it too), so a decode notices a prefill that
+    restarted at the same address with new control endpoints."""
 
     topology: Topology
     ranks: list[RankInfo]
+    session: str = ""
 
 
 class _Msg(msgspec.Struct, frozen=True, tag=True):

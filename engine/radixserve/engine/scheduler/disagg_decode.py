@@ -10,8 +10,11 @@ A request that names a prefill (`req.bootstrap`) lives in a room, keyed by its b
 3. transfer queue: waits for `KVDone`, acknowledges it, then the request joins the running
    batch with its first token, as if this side had prefilled it.
 An abort or timeout in the transfer queue sends `KVAbort` and keeps the pages until the prefill
-says no write can reach them (`KVDrained`, or any final word, or a timeout). Retraction needs
-nothing of this: a retracted request is recomputed here from its tokens like any other.
+says no write can reach them (`KVDrained`, or any final word, or a timeout). A prefill that
+restarted at the same address (its bootstrap server names a new session) gets its waiting
+rooms' `KVRequest`s again at its new endpoints: the router may have sent it those requests.
+Retraction needs nothing of this: a retracted request is recomputed here from its tokens like
+any other.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class Stage(Enum):
     PREALLOC = auto()  # waiting for memory
     TRANSFER = auto()  # KVRequest sent, waiting for KVDone
     DRAIN = auto()  # ended here; pages held until the prefill confirms no write is left
+    REBIND = auto()  # its prefill restarted: look it up again, then send the KVRequest again
 
 
 @dataclass(eq=False, slots=True)
@@ -64,6 +68,7 @@ class DecodeRoom:
     stage: Stage = Stage.RESOLVE
     endpoint: str = ""  # the prefill rank's control socket
     holds_kv: bool = False  # row and pages reserved (freed when the room ends)
+    request: KVRequest | None = None  # what was sent (sent again after a prefill restart)
 
 
 class DecodeDisagg:
@@ -109,7 +114,7 @@ class DecodeDisagg:
 
     def _resolve(self) -> list[Req]:
         done: list[Req] = []
-        waiting = [r for r in self.rooms.values() if r.stage is Stage.RESOLVE]
+        waiting = [r for r in self.rooms.values() if r.stage in (Stage.RESOLVE, Stage.REBIND)]
         for address in {r.address for r in waiting}:
             found = self.directory.resolve(address)
             if found is None:
@@ -119,6 +124,8 @@ class DecodeDisagg:
         return done
 
     def _resolved(self, room: DecodeRoom, found: PrefillInfo | str) -> list[Req]:
+        if room.stage is Stage.REBIND:
+            return self._rebound(room, found)
         if isinstance(found, str):
             self.stats.bootstrap_failed += 1
             return self._end(room, FinishAbort(found, 500))
@@ -131,6 +138,31 @@ class DecodeDisagg:
             return self._end(room, FinishAbort(problem, 500))
         room.stage = Stage.PREALLOC
         return []
+
+    def _rebound(self, room: DecodeRoom, found: PrefillInfo | str) -> list[Req]:
+        """A restarted prefill's endpoints are known again: the room's KVRequest goes to them
+        (the old process, which it went to, can write nothing more)."""
+        if isinstance(found, str) or room.request is None:
+            why = found if isinstance(found, str) else "the prefill restarted"
+            self.stats.transfer_failed += 1
+            room.req.finished_reason = FinishAbort(f"prefill {room.address}: {why}", 500)
+            self._free(room)
+            return [room.req]
+        room.endpoint = found.ranks[0].endpoint
+        self.kv.send(room.endpoint, room.request)
+        room.stage, room.since = Stage.TRANSFER, time.monotonic()
+        return []
+
+    def _rebind(self, room: DecodeRoom) -> None:
+        """Its prefill restarted: a room that asked for its KV asks again once the prefill is
+        looked up again; one that did not yet asks the new one; one draining is free (the
+        old process can write nothing more)."""
+        if room.stage is Stage.TRANSFER:
+            room.stage = Stage.REBIND
+        elif room.stage is Stage.PREALLOC:
+            room.stage = Stage.RESOLVE
+        elif room.stage is Stage.DRAIN:
+            self._free(room)
 
     def _preallocate(self) -> list[Req]:
         """Reserve memory for queued rooms in arrival order, stopping at the first that does
@@ -168,13 +200,11 @@ class DecodeDisagg:
         room.holds_kv = True
         pages = (slots[::ps] // ps).tolist()
         layout = self.kv.layout
-        self.kv.send(
-            room.endpoint,
-            KVRequest(
-                _room(req), self.kv.endpoint, self.kv.backend.session_id, self.topology,
-                len(prefix), pages, list(layout.k_ptrs), list(layout.v_ptrs),
-            ),
+        room.request = KVRequest(
+            _room(req), self.kv.endpoint, self.kv.backend.session_id, self.topology,
+            len(prefix), pages, list(layout.k_ptrs), list(layout.v_ptrs),
         )  # fmt: skip
+        self.kv.send(room.endpoint, room.request)
         room.stage, room.since = Stage.TRANSFER, time.monotonic()
         return True
 
@@ -245,10 +275,12 @@ class DecodeDisagg:
     def _sweep(self, now: float) -> list[Req]:
         done: list[Req] = []
         waiting = {r.address for r in self.rooms.values() if r.stage is not Stage.RESOLVE}
-        dead = self.directory.dead(waiting)
+        dead, restarted = self.directory.check(waiting)
         for room in list(self.rooms.values()):
             age = now - room.since
-            if room.address in dead and room.stage is not Stage.RESOLVE:
+            if room.address in restarted and room.stage is not Stage.RESOLVE:
+                self._rebind(room)
+            elif room.address in dead and room.stage is not Stage.RESOLVE:
                 # a dead prefill writes nothing more: its rooms' pages are free at once
                 if room.stage is not Stage.DRAIN:
                     self.stats.transfer_failed += 1

@@ -1,6 +1,8 @@
 """The decode's view of the prefill servers it is sent to: each one's topology and control
 endpoints (GET /route on its bootstrap server, fetched on worker threads so the scheduler never
-blocks), and its liveness (GET /health every few seconds while rooms wait on it)."""
+blocks), and its liveness (GET /health every few seconds while rooms wait on it): dead after
+enough missed heartbeats, restarted when the server's session is no longer the one its
+endpoints were looked up under (then they are looked up again)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from radixserve.engine.disaggregation.bootstrap import fetch_prefill_info, is_healthy
+from radixserve.engine.disaggregation.bootstrap import fetch_prefill_info, health_session
 from radixserve.engine.disaggregation.wire import PrefillInfo
 from radixserve.engine.scheduler.disagg_common import DisaggConfig
 
@@ -28,7 +30,7 @@ class _Lookup:
 
 @dataclass(slots=True)
 class _Health:
-    future: Future[bool] | None = None
+    future: Future[str | None] | None = None
     misses: int = 0
     next_check: float = 0.0
 
@@ -73,28 +75,35 @@ class PrefillDirectory:
         self.infos[address] = info
         return info
 
-    def dead(self, addresses: set[str]) -> set[str]:
-        """Of the prefills rooms wait on, those that missed enough heartbeats in a row (their
-        info is dropped, so a restarted prefill is looked up again)."""
-        now, out = time.monotonic(), set()
+    def check(self, addresses: set[str]) -> tuple[set[str], set[str]]:
+        """Of the prefills rooms wait on: (dead, restarted). Dead: missed enough heartbeats in
+        a row. Restarted: answers under another session than its endpoints were looked up
+        under. Either way its info is dropped, so it is looked up again."""
+        now = time.monotonic()
+        dead, restarted = set(), set()
         for address in addresses:
             h = self.health.setdefault(address, _Health(next_check=now + self.config.heartbeat_s))
             if h.future is None:
                 if now >= h.next_check:
-                    h.future = self.pool.submit(is_healthy, address)
+                    h.future = self.pool.submit(health_session, address)
                 continue
             if not h.future.done():
                 continue
-            ok, h.future, h.next_check = h.future.result(), None, now + self.config.heartbeat_s
-            h.misses = 0 if ok else h.misses + 1
-            if h.misses >= self.config.heartbeat_failures:
+            session, h.future, h.next_check = h.future.result(), None, now + self.config.heartbeat_s
+            h.misses = 0 if session is not None else h.misses + 1
+            known = self.infos.get(address)
+            if session and known is not None and known.session and session != known.session:
+                logger.warning("prefill %s restarted: looking up its endpoints again", address)
+                restarted.add(address)
+                self.infos.pop(address, None)
+            elif h.misses >= self.config.heartbeat_failures:
                 logger.warning("prefill %s missed %d heartbeats", address, h.misses)
-                out.add(address)
+                dead.add(address)
                 self.infos.pop(address, None)
                 del self.health[address]
         for address in set(self.health) - addresses:
             del self.health[address]
-        return out
+        return dead, restarted
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
