@@ -24,7 +24,7 @@ LAYOUTS = [  # tp, dp, ep, moe_a2a_backend, enable_dp_attention
     (2, 1, 2, "none", False),
     (2, 1, 2, "all_to_all", False),
     (2, 2, 1, "none", True),
-    (2, 2, 2, "all_to_all", True),
+    (2, 2, 2, "none", True),
 ]
 
 

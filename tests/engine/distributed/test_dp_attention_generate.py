@@ -5,7 +5,8 @@ and a scatter), on the 16-prompt chunked, cache-hitting, retracting batch of tes
 
 - dense Llama at tp=2, dp=2 (attention-TP 1) and tp=4, dp=2 (attention-TP 2: heads split
   inside each DP rank);
-- Qwen2-MoE (shared expert) and Qwen3-MoE at tp=2, dp=2 with ep=2, one per dispatch mode.
+- Qwen2-MoE (shared expert) at tp=2, dp=2 with ep=2 and all_to_all dispatch (the `none`
+  dispatch at that layout runs on DeepSeek-V3, test_deepseek_parallel.py).
 
 The batch is spread over both DP ranks (each one's own cache holds tokens afterwards). Then a
 batch pinned to DP rank 1 (`data_parallel_rank`) runs while rank 0 has nothing: rank 0 joins
@@ -24,7 +25,7 @@ LAYOUTS = [  # kind, tp, dp, ep, moe_a2a_backend
     ("llama", 2, 2, 1, "none"),
     ("llama", 4, 2, 1, "none"),
     ("qwen2_moe", 2, 2, 2, "all_to_all"),
-    ("qwen3_moe", 2, 2, 2, "none"),
+    # tp=2/dp=2/ep=2 with the `none` dispatch: DeepSeek-V3's, in test_deepseek_parallel.py
 ]
 FLOAT32 = ARGS  # float32 and the chunk size explicit: CPU defaults differ (bf16, 1024)
 
