@@ -189,6 +189,7 @@ class Scheduler:
         return [req]
 
     def get_new_batch_prefill(self) -> ScheduleBatch | None:
+        self._prefetch_waiting()  # before the early return: an empty queue drops leftovers
         if not self.waiting_queue and self.chunked_req is None:
             return None
         running = self.running_batch.reqs
@@ -201,7 +202,6 @@ class Scheduler:
             len(running) if mixed else 0,
         )
         adder = PrefillAdder(budget, self.tree_cache, self.kv.allocator, running)
-        self._prefetch_waiting()
         if self.chunked_req is not None:
             self.chunked_req.init_next_round_input()
             self.chunked_req = adder.add_chunked_req(self.chunked_req)
@@ -461,6 +461,8 @@ class Scheduler:
         aborted = self.grammars.abort(hit, reason)
         aborted += [r for r in self.waiting_queue if hit(r)]
         self.waiting_queue = [r for r in self.waiting_queue if not hit(r)]
+        if self.tree_cache.prefetches:  # their storage reads stop, their staged pages go
+            self.tree_cache.drop_prefetches({r.rid for r in self.waiting_queue})
         for req in aborted:
             req.finished_reason = reason
             self.pins.release(req)
