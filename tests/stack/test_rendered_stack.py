@@ -1,13 +1,17 @@
 """The manifests the operator writes really start a working stack.
 
 Two example InferenceServices go through the operator's own spec parser and builders:
-`manifests/examples/smollm2-hicache.yaml` as it is (smollm2-cpu.yaml plus a host and a file
-storage tier, `kvCache.offload`; the storage folder moved to a local one per pod), and
+`manifests/examples/smollm2-hicache-mooncake.yaml` as it is (smollm2-cpu.yaml plus a host tier
+and a Mooncake store as the storage tier, `kvCache.offload`, whose master the operator runs),
+and
 `manifests/examples/deepseek-v2-lite-dp-ep.yaml` (DP attention + expert parallelism, the layout
 made for MLA) with a tiny random-weight DeepSeek-V3 (MLA, grouped top-k MoE) made in the test
 in place of the 16B checkpoint (a hostPath source),
 on the CPU at tp=2, dp=2, ep=2 with one replica (the rendered `--enable-dp-attention`,
 per-rank KV-event ports and all). Then, as processes on 127.0.0.1:
+- the operator's Mooncake master, where one is rendered, runs its container's command and args
+  (its two ports moved to free ones), and the engines' `master_server_address`, the master
+  Service's name and port, becomes that local port;
 - each engine replica runs the engine container's command and args as rendered (only the
   port numbers are moved to free ones, and only where the args name the container's ports);
 - a Kubernetes API (kmock) serves the EndpointSlices the EndpointSlice controller would make
@@ -23,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -84,7 +89,7 @@ def tiny_moe_on_cpu(spec: dict[str, Any], tmp: Path) -> dict[str, Any]:
 
 CASES = {
     "smollm2": Case(
-        "smollm2-hicache.yaml",
+        "smollm2-hicache-mooncake.yaml",
         "smollm2-135m",
         "You are a terse assistant for a shipping company. " * 12,
         ("Where is my parcel?", "Can I change the address?", "Do you ship abroad?"),
@@ -246,6 +251,7 @@ def stack(
     env.pop("KUBERNETES_SERVICE_HOST", None)
     ec = container(engine_dep)
     ports = named_ports(ec)
+    master = start_master(objs, name, tmp, env)
     engines, pods = [], []
     for i in range(engine_dep["spec"]["replicas"]):
         pod = pod_ports(ports)
@@ -259,6 +265,8 @@ def stack(
         # the storage tier's mount (an emptyDir per pod) becomes a folder of this pod's own
         store = json.dumps(str(tmp / f"hicache-{i}"))
         args = [a.replace(json.dumps(HICACHE_DIR), store) for a in args]
+        if master is not None:  # the master Service's address, as the pod resolves it
+            args = [a.replace(master[1], master[2]) for a in args]
         pod_env = {**env, **{e["name"]: e["value"] for e in ec.get("env", []) if "value" in e}}
         engines.append(Proc([*ec["command"], *args], tmp / f"engine-{i}.log", pod_env))
         pods.append(pod)
@@ -289,6 +297,41 @@ def stack(
     finally:
         for proc in engines:
             proc.stop()
+        if master is not None:
+            master[0].stop()
+
+
+def start_master(
+    objs: dict[str, dict[str, Any]], name: str, tmp: Path, env: dict[str, str]
+) -> tuple[Proc, str, str] | None:
+    """The rendered Mooncake master, if any, on free ports: (its process, the address the
+    engines were rendered with, the local address that stands for it)."""
+    deployment = objs.get(f"Deployment/{name}-mooncake")
+    if deployment is None:
+        return None
+    service = objs[f"Service/{name}-mooncake"]
+    mc = container(deployment)
+    local = {port: free_port() for port in named_ports(mc).values()}
+    args = []
+    for arg in mc["args"]:
+        flag, _, value = arg.partition("=")
+        args.append(
+            f"{flag}={local[int(value)]}" if value.isdigit() and int(value) in local else arg
+        )
+    proc = Proc([*mc["command"], *args], tmp / "mooncake-master.log", env)
+    rpc = next(p for p in service["spec"]["ports"] if p["name"] == "rpc")
+    rendered = f"{service['metadata']['name']}:{rpc['port']}"
+    rpc_local = local[named_ports(mc)[rpc["targetPort"]]]
+    deadline = time.monotonic() + 30
+    while True:  # up when its RPC port accepts a connection
+        assert proc.proc.poll() is None, f"the master exited:\n{proc.tail()}"
+        try:
+            socket.create_connection(("127.0.0.1", rpc_local), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, proc.tail()
+            time.sleep(0.2)
+    return proc, rendered, f"127.0.0.1:{rpc_local}"
 
 
 def test_every_probe_path_answers(stack: dict[str, Any]) -> None:
@@ -394,3 +437,30 @@ def test_the_engine_runs_the_rendered_kv_offload(stack: dict[str, Any]) -> None:
         }
         host = values["radixserve:hicache_host_total_tokens"]
         assert host == ratio * 8192  # the example's maxTotalTokens
+
+
+def test_the_replicas_share_the_operators_mooncake_store(stack: dict[str, Any]) -> None:
+    """With a Mooncake storage tier, both replicas report the same storage id (the operator's
+    master), and a prompt one replica computed is read from the store by the other."""
+    ec, pods = stack["engines"]
+    if "mooncake" not in ec["args"]:
+        pytest.skip("this example has no Mooncake storage tier")
+    ids = set()
+    for pod in pods:
+        info = httpx.get(f"http://127.0.0.1:{pod['http']}/server_info", timeout=5).json()
+        ids |= {r["hicache_storage_id"] for r in info["dp_ranks"]}
+    (only,) = ids
+    assert only.startswith("mooncake:")
+    prompt = " ".join(f"harbour{i} tide{i % 7}" for i in range(160))  # > 256 tokens
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    first = httpx.post(f"http://127.0.0.1:{pods[0]['http']}/generate", json=body, timeout=120)
+    assert first.status_code == 200 and first.json()["meta_info"]["cached_tokens"] == 0
+    deadline = time.monotonic() + 30
+    while True:  # the first replica's writes land in the store in the background
+        second = httpx.post(f"http://127.0.0.1:{pods[1]['http']}/generate", json=body, timeout=120)
+        cached = second.json()["meta_info"]["cached_tokens"]
+        if cached >= 256 or time.monotonic() > deadline:
+            break
+        httpx.post(f"http://127.0.0.1:{pods[1]['http']}/flush_cache", timeout=10)
+        time.sleep(1)
+    assert cached >= 256, second.json()["meta_info"]
