@@ -48,6 +48,8 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"hicache_write_policy": "write_around"}, "hicache_write_policy"),
     ({"hicache_storage_backend": "hf3fs"}, "hicache_storage_backend"),
     ({"hicache_storage_prefetch_policy": "eager"}, "hicache_storage_prefetch_policy"),
+    ({"expert_distribution_recorder_mode": "per_token"}, "expert_distribution_recorder_mode"),
+    ({"expert_distribution_recorder_buffer_size": 0}, "expert_distribution_recorder_buffer_size"),
     (
         {"enable_hierarchical_cache": True, "disable_radix_cache": True},
         "enable_hierarchical_cache",

@@ -33,6 +33,7 @@ LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue")  # tokenizer.data_paral
 DISAGGREGATION_MODES = ("null", "prefill", "decode")  # SGLang's --disaggregation-mode
 TRANSFER_BACKENDS = ("mooncake", "nixl", "fake")  # disaggregation.transfer
 GRAMMAR_BACKENDS = ("xgrammar", "none")
+EXPERT_RECORDER_MODES = ("stat",)  # --expert-distribution-recorder-mode (SGLang's stat mode)
 # HiCache (mem_cache/hiradix_cache.py, docs/hicache.md): SGLang's flag names and choices
 HICACHE_WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 HICACHE_STORAGE_BACKENDS = ("file", "mooncake")
@@ -268,6 +269,16 @@ class ServerArgs:
         '"local_buffer_size"}; both: {"prefetch_threshold": 256, "prefetch_timeout_base": 1, '
         '"prefetch_timeout_per_ki_token": 0.25}',
     )
+    # expert load (layers/expert_distribution.py; SGLang's names)
+    expert_distribution_recorder_mode: str | None = option(
+        None,
+        "record how many tokens each MoE layer routes to each expert (stat), read through "
+        "/start_expert_distribution_record, /stop_... and /dump_...",
+        choices=EXPERT_RECORDER_MODES,
+    )
+    expert_distribution_recorder_buffer_size: int = option(
+        1000, "forward passes the recorder keeps, newest last (-1: all)"
+    )
     # structured outputs (docs/structured_outputs.md)
     grammar_backend: str = option(
         "xgrammar",
@@ -397,6 +408,12 @@ class ServerArgs:
         self._check_parallelism()
         self._check_disaggregation()
         self._check_hicache()
+        size = self.expert_distribution_recorder_buffer_size
+        _check(
+            size == -1 or size > 0,
+            "expert_distribution_recorder_buffer_size",
+            f"must be -1 (all) or > 0, got {size}",
+        )
         chunk = self.chunked_prefill_size
         _check(
             chunk is None or chunk == -1 or chunk >= self.page_size,

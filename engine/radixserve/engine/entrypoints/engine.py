@@ -73,6 +73,14 @@ class Engine:
     def flush_cache(self) -> bool:
         return bool(self._run(self.state.tokenizer_manager.flush_cache()).success)
 
+    def expert_distribution(self, action: str) -> dict[str, Any]:
+        """start | stop | dump the expert distribution recorder (as its HTTP endpoints);
+        raises ValueError with the engine's reason when it refuses."""
+        out = self._run(self.state.tokenizer_manager.expert_distribution(action))
+        if not out.success:
+            raise ValueError(out.message)
+        return {"path": out.message, "logical_count": out.counts}
+
     def get_load(self) -> list[dict[str, Any]]:
         """Each DP rank's scheduler load (running, queued, tokens), by dp_rank."""
         loads = self._run(self.state.tokenizer_manager.get_load())

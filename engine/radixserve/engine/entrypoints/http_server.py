@@ -203,6 +203,14 @@ def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per
             return error_response(out.message, 400)
         return JSONResponse({"success": True, "message": "Cache flushed."})
 
+    for action in ("start", "stop", "dump"):
+        app.add_api_route(
+            f"/{action}_expert_distribution_record",
+            _expert_distribution_route(action),
+            methods=["GET", "POST"],
+            name=f"{action}_expert_distribution_record",
+        )
+
     @app.get("/debug/cache_pages")
     async def cache_pages(request: Request) -> dict[str, Any]:
         """Sorted int64 event hashes of every cached page (the scheduler's own view)."""
@@ -266,3 +274,20 @@ def create_app(state: ServerState) -> FastAPI:
     install_openai_routes(app)
     app.openapi = openapi_with_bodies(app.openapi, ENGINE_BODIES)  # type: ignore[method-assign]
     return app
+
+
+def _expert_distribution_route(action: str) -> Any:
+    """SGLang's /{start,stop,dump}_expert_distribution_record: 400 naming the flag when the
+    recorder is off; a dump answers the counts [passes][layers][experts] and the file."""
+
+    async def route(request: Request) -> Response:
+        state: ServerState = request.app.state.server
+        out = await state.tokenizer_manager.expert_distribution(action)
+        if not out.success:
+            return error_response(out.message, 400)
+        body: dict[str, Any] = {"success": True}
+        if action == "dump":
+            body.update(path=out.message, logical_count=out.counts)
+        return JSONResponse(body)
+
+    return route

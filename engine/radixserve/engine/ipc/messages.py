@@ -75,6 +75,23 @@ class FinishReq(_Msg, frozen=True):
     reason: FinishMatchedStr
 
 
+class ExpertDistributionReq(_Msg, frozen=True):
+    """/start_expert_distribution_record, /stop_... and /dump_...: action start | stop | dump."""
+
+    action: str
+
+
+class ExpertDistributionOutput(_Msg, frozen=True):
+    """A DP rank's answer; on dump, the kept passes' counts [passes][layers][experts].
+    `whole_model`: the counts cover every DP rank's tokens (DP attention: the MoE runs over
+    all of them), so one rank's answer is the model's."""
+
+    success: bool
+    message: str = ""
+    counts: list[list[list[int]]] = []
+    whole_model: bool = False
+
+
 class FlushCacheReq(_Msg, frozen=True):
     pass
 
@@ -183,7 +200,15 @@ class BatchStrOutput(_Msg, frozen=True):
 
 
 SchedulerInput = (
-    TokenizedGenerateReq | AbortReq | FinishReq | FlushCacheReq | GetLoadReq | GetStateReq
+    TokenizedGenerateReq
+    | AbortReq
+    | FinishReq
+    | FlushCacheReq
+    | GetLoadReq
+    | GetStateReq
+    | ExpertDistributionReq
 )
-TokenizerInput = BatchStrOutput | FlushCacheOutput | LoadOutput | StateOutput
+TokenizerInput = (
+    BatchStrOutput | FlushCacheOutput | LoadOutput | StateOutput | ExpertDistributionOutput
+)
 DetokenizerInput = BatchTokenIDOutput

@@ -45,6 +45,7 @@ from torch import nn
 from radixserve.engine.configs.model_config import MoEConfig
 from radixserve.engine.distributed import GroupHandle
 from radixserve.engine.layers.activation import SiluAndMul
+from radixserve.engine.layers.expert_distribution import ExpertDistributionRecorder
 from radixserve.engine.layers.linear import Linear
 from radixserve.engine.layers.moe_router import MoEGate, TopKOutput, select_experts
 
@@ -250,9 +251,13 @@ class SparseMoeBlock(nn.Module):
         expert_range: ExpertRange | None = None,
         ep: GroupHandle | None = None,
         a2a_backend: str = "none",
+        layer_id: int = 0,
     ) -> None:
         super().__init__()
         self.moe = moe
+        self.layer_id = layer_id
+        # --expert-distribution-recorder-mode: set by the model runner (expert_distribution.py)
+        self.recorder: ExpertDistributionRecorder | None = None
         self.ep, self.a2a_backend = ep or GroupHandle.single(), a2a_backend
         if self.ep.size > 1:
             expert_range = ExpertRange.for_rank(moe.num_experts, self.ep)
@@ -265,7 +270,14 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert_gate = Linear(hidden_size, 1, bias=False) if gated else None
 
     def select(self, hidden: torch.Tensor) -> TopKOutput:
-        """Each token's experts: the fused top-k where it implements the config's routing."""
+        """Each token's experts (reported to the recorder, if any)."""
+        topk = self._select(hidden)
+        if self.recorder is not None:
+            self.recorder.on_select(self.layer_id, topk.ids)
+        return topk
+
+    def _select(self, hidden: torch.Tensor) -> TopKOutput:
+        """The fused top-k where it implements the config's routing, else the router's."""
         fused, moe = self.experts.fused, self.moe
         if fused is not None and moe.plain_routing:
             chosen = fused.select_experts(self.gate(hidden), moe.top_k, moe.norm_topk_prob)

@@ -24,9 +24,10 @@ from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.distributed import ParallelGroups
 from radixserve.engine.forward_batch import ForwardBatch
 from radixserve.engine.layers.activation import SiluAndMul
+from radixserve.engine.layers.expert_distribution import ExpertDistributionRecorder
 from radixserve.engine.layers.layernorm import RMSNorm
 from radixserve.engine.layers.logits_processor import LogitsProcessorOutput
-from radixserve.engine.layers.moe import FusedMoE
+from radixserve.engine.layers.moe import FusedMoE, SparseMoeBlock
 from radixserve.engine.layers.parallel_linear import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -209,6 +210,7 @@ class ModelRunner:
         self.device = torch.device(args.device)
         self.groups = groups or ParallelGroups.single(self.device)
         self.model = model if model is not None else self._load_model(files)
+        self.expert_recorder = self._attach_expert_recorder()
         self._attach_fused_ops()
         self._prepack_cpu_weights()
         c = self.model_config
@@ -374,4 +376,21 @@ class ModelRunner:
             out: LogitsProcessorOutput = self.model(
                 forward_batch.input_ids, forward_batch.positions, forward_batch
             )
+        if self.expert_recorder is not None:
+            self.expert_recorder.end_pass()
         return out
+
+    def _attach_expert_recorder(self) -> ExpertDistributionRecorder | None:
+        """--expert-distribution-recorder-mode: one recorder every MoE block reports to."""
+        moe = self.model_config.moe
+        if self.args.expert_distribution_recorder_mode is None or moe is None:
+            return None
+        recorder = ExpertDistributionRecorder(
+            self.model_config.num_hidden_layers,
+            moe.num_experts,
+            self.args.expert_distribution_recorder_buffer_size,
+        )
+        for module in self.model.modules():
+            if isinstance(module, SparseMoeBlock):
+                module.recorder = recorder
+        return recorder

@@ -73,7 +73,9 @@ class MoeForCausalLM(LlamaForCausalLM):
             if shared_size
             else None
         )
-        return SparseMoeBlock(moe, config.hidden_size, shared, ep=ep, a2a_backend=a2a_backend)
+        return SparseMoeBlock(
+            moe, config.hidden_size, shared, ep=ep, a2a_backend=a2a_backend, layer_id=layer_id
+        )
 
     def checkpoint_name(self, name: str) -> str:
         """Checkpoint tensor name → our parameter path (Mixtral renames its MoE block)."""

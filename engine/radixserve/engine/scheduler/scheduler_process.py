@@ -35,6 +35,7 @@ from radixserve.engine.ipc.channels import PortArgs, PullChannel, PushChannel
 from radixserve.engine.ipc.messages import (
     AbortReq,
     BatchTokenIDOutput,
+    ExpertDistributionReq,
     FinishReq,
     FlushCacheOutput,
     FlushCacheReq,
@@ -44,6 +45,7 @@ from radixserve.engine.ipc.messages import (
     TokenizedGenerateReq,
 )
 from radixserve.engine.scheduler.cpu_binding import bind_process_threads
+from radixserve.engine.scheduler.expert_distribution_control import expert_distribution
 from radixserve.engine.scheduler.kv_event_publisher import ZmqKVEventPublisher
 from radixserve.engine.scheduler.req import Req
 from radixserve.engine.scheduler.scheduler_core import SchedulerCore
@@ -87,6 +89,7 @@ class SchedulerLoop:
             FlushCacheReq: self.handle_flush,
             GetLoadReq: self.handle_get_load,
             GetStateReq: self.handle_get_state,
+            ExpertDistributionReq: self.handle_expert_distribution,
         }
         self.pending: list[Req] = []  # finished without running (aborted, rejected)
 
@@ -147,6 +150,12 @@ class SchedulerLoop:
 
     def handle_get_load(self, msg: GetLoadReq) -> None:
         self.ch.to_tokenizer.send(self.scheduler.load(self.dp_rank))
+
+    def handle_expert_distribution(self, msg: ExpertDistributionReq) -> None:
+        runner = self.scheduler.runner
+        out = expert_distribution(runner.expert_recorder, msg.action, self.dp_rank)
+        whole = runner.groups.dp_attention  # the MoE ran over every DP rank's tokens
+        self.ch.to_tokenizer.send(msgspec.structs.replace(out, whole_model=whole))
 
     def handle_get_state(self, msg: GetStateReq) -> None:
         state = self.scheduler.state(msg.include_pages)

@@ -29,6 +29,8 @@ from radixserve.engine.ipc.finish_reason import FinishAbort, FinishMatchedStr
 from radixserve.engine.ipc.messages import (
     AbortReq,
     BatchStrOutput,
+    ExpertDistributionOutput,
+    ExpertDistributionReq,
     FinishReq,
     FlushCacheOutput,
     FlushCacheReq,
@@ -93,6 +95,7 @@ class TokenizerManager:
             FlushCacheOutput: deque(),
             LoadOutput: deque(),
             StateOutput: deque(),
+            ExpertDistributionOutput: deque(),
         }
         self.dead: BaseException | None = None
         self.dp_size, self.load_balance_method = dp_size, load_balance_method
@@ -184,6 +187,17 @@ class TokenizerManager:
         outs: list[FlushCacheOutput] = await self._control(FlushCacheReq(), FlushCacheOutput)
         failed = [o for o in outs if not o.success]
         return failed[0] if failed else outs[0]
+
+    async def expert_distribution(self, action: str) -> ExpertDistributionOutput:
+        """start | stop | dump on every DP rank. A dump's counts: one rank's when the MoE ran
+        over every DP rank's tokens (DP attention), else each rank's passes one after another."""
+        req = ExpertDistributionReq(action)
+        outs: list[ExpertDistributionOutput] = await self._control(req, ExpertDistributionOutput)
+        failed = [o for o in outs if not o.success]
+        if failed or outs[0].whole_model or len(outs) == 1:
+            return failed[0] if failed else outs[0]
+        passes = [p for o in outs for p in o.counts]
+        return ExpertDistributionOutput(True, "; ".join(o.message for o in outs), passes)
 
     async def get_load(self) -> list[LoadOutput]:
         """One LoadOutput per DP rank, by dp_rank."""
