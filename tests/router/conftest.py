@@ -50,3 +50,23 @@ def engines(kv_engines: EngineSet) -> list[Engine]:
     kv_engines.revive()
     kv_engines.flush()
     return list(kv_engines.engines)
+
+
+@pytest.fixture(scope="package")
+def engine(engine_tokenizer: Any) -> Any:
+    """The engine's request parsers over its tokenizer (test_tokenization.EngineSide)."""
+    from tests.router.test_tokenization import engine_side
+
+    return engine_side(engine_tokenizer)
+
+
+@pytest.fixture(scope="package")
+def router_tok(engine_tokenizer: Any) -> Any:
+    """The router's tokenizer, from the engine's /get_tokenizer answer through JSON, as the
+    router receives it."""
+    import json
+
+    from radixserve.engine.entrypoints.http_server import tokenizer_info
+    from radixserve.router.tokenization import RouterTokenizer
+
+    return RouterTokenizer.from_info(json.loads(json.dumps(tokenizer_info(engine_tokenizer))))

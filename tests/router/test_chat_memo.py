@@ -5,17 +5,13 @@ with questions of any text. Heads repeat, so most chats take the remembered path
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixserve.router.chat_memo import ChatPrefixMemo
 from radixserve.router.chat_template import render_chat
 from radixserve.router.tokenization import RouterTokenizer
-from tests.router.test_tokenization import EngineSide, engine_chat_ids, engine_side
+from tests.router.test_tokenization import EngineSide, engine_chat_ids
 
 SYSTEM = "You are a careful assistant for the tide tables of a small harbour. Answer briefly."
 HEADS = [
@@ -53,18 +49,6 @@ TEMPLATES = {
     "{% for m in messages %}{% if loop.index0 >= ns.last %}[{{ m.role }}] {{ m.content }}"
     "{% endif %}{% endfor %}",
 }
-
-
-@pytest.fixture(scope="module")
-def engine(engine_tokenizer: Any) -> EngineSide:
-    return engine_side(engine_tokenizer)
-
-
-@pytest.fixture(scope="module")
-def router_tok(engine_tokenizer: Any) -> RouterTokenizer:
-    from radixserve.engine.entrypoints.http_server import tokenizer_info
-
-    return RouterTokenizer.from_info(json.loads(json.dumps(tokenizer_info(engine_tokenizer))))
 
 
 @settings(max_examples=200, deadline=None)

@@ -70,19 +70,6 @@ def router_chat_ids(tok: RouterTokenizer, messages: Any, kwargs: Any = None) -> 
         return ERROR
 
 
-@pytest.fixture(scope="module")
-def engine(engine_tokenizer: Any) -> EngineSide:
-    return engine_side(engine_tokenizer)
-
-
-@pytest.fixture(scope="module")
-def router_tok(engine_tokenizer: Any) -> RouterTokenizer:
-    from radixserve.engine.entrypoints.http_server import tokenizer_info
-
-    # through JSON, as the router receives it
-    return RouterTokenizer.from_info(json.loads(json.dumps(tokenizer_info(engine_tokenizer))))
-
-
 # ---- in process -------------------------------------------------------------------------------
 
 

@@ -4,7 +4,6 @@ tools reach the template on both sides (all of them, only the named one, none fo
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -28,13 +27,6 @@ FOLLOW_UP = [
     },
     {"role": "tool", "tool_call_id": "call_1", "content": "21 C"},
 ]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def router_tok(engine_tokenizer: Any) -> RouterTokenizer:
-    from radixserve.engine.entrypoints.http_server import tokenizer_info
-
-    return RouterTokenizer.from_info(json.loads(json.dumps(tokenizer_info(engine_tokenizer))))
 
 
 def _engine_ids(tokenizer: Any, body: dict[str, Any]) -> list[int]:

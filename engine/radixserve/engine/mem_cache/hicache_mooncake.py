@@ -16,7 +16,6 @@ costs a mis-scored route, never a wrong answer: a page that is missing is recomp
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -53,11 +52,10 @@ class HiCacheMooncake(HiCacheStorage):
         self.store = store if store is not None else _connect(config)
         self._lock = threading.Lock()  # guards _written (writer and sweeper threads)
         self._written: OrderedDict[bytes, None] = OrderedDict()
-        self._removed: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         self._stop = threading.Event()
+        self._start_writer("hicache-mooncake")
         self._sweeper = threading.Thread(target=self._sweep_loop, name="hicache-sweep", daemon=True)
         self._sweeper.start()
-        self._start_writer("hicache-mooncake")
 
     def key_of(self, digest: bytes) -> str:
         return digest.hex() + self._suffix
@@ -81,14 +79,6 @@ class HiCacheMooncake(HiCacheStorage):
     def storage_id(self) -> str:
         """The master's address as every replica is given it, + model + layout."""
         return f"mooncake:{self.config.master_server_address}{self._suffix}"
-
-    def take_removed(self) -> list[bytes]:
-        out = []
-        while True:
-            try:
-                out.append(self._removed.get_nowait())
-            except queue.Empty:
-                return out
 
     def _close_backend(self) -> None:
         self._stop.set()

@@ -60,6 +60,7 @@ class HiCacheStorage(ABC):
 
     def _start_writer(self, name: str) -> None:
         """The one thread that writes: the scheduler only queues."""
+        self._removed: queue.SimpleQueue[bytes] = queue.SimpleQueue()  # see take_removed
         self._queue = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name=name, daemon=True)
         self._writer.start()
@@ -108,10 +109,15 @@ class HiCacheStorage(ABC):
         """Names what this backend reads: equal for every replica and rank layout that can
         read each other's pages (routers group replicas by it); None: not mirrorable."""
 
-    @abstractmethod
     def take_removed(self) -> list[bytes]:
-        """Digests of this model's pages deleted since the last call (capacity, corruption),
-        whoever wrote them."""
+        """Digests of this model's pages deleted since the last call (capacity, corruption, a
+        store's own eviction), whoever wrote them."""
+        out = []
+        while True:
+            try:
+                out.append(self._removed.get_nowait())
+            except queue.Empty:
+                return out
 
     def has(self, digest: bytes) -> bool:
         """`exists` for the scheduler thread: a backend that fails answers no (the page is
@@ -142,7 +148,6 @@ class HiCacheFile(HiCacheStorage):
         self._sizes: OrderedDict[str, int] = OrderedDict()  # file name → bytes, LRU first
         self._total = 0
         self._rescan()
-        self._removed: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         self._start_writer("hicache-file")
 
     def name_of(self, digest: bytes) -> str:
@@ -161,14 +166,6 @@ class HiCacheFile(HiCacheStorage):
                 return f"file:{folder}{self._suffix.removesuffix('.bin')}"
             time.sleep(0.01)
         raise OSError(f"{id_file} stays empty")
-
-    def take_removed(self) -> list[bytes]:
-        out = []
-        while True:
-            try:
-                out.append(self._removed.get_nowait())
-            except queue.Empty:
-                return out
 
     def exists(self, digest: bytes) -> bool:
         return (self.root / self.name_of(digest)).is_file()
