@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.engine.distributed.test_dp_attention_generate import check_both_ranks_then_one
 from tests.engine.distributed.test_tp_generate import ARGS, PARAMS, prompts
 
 KIND = "deepseek_v3"
@@ -51,11 +52,4 @@ def test_deepseek_greedy_equals_single_process(  # noqa: PLR0913 - one argument 
         assert _ids(got) == want
         assert sum(o["meta_info"]["cached_tokens"] for o in got) > 0  # the radix cache was hit
         if dp > 1:
-            assert all(n > 0 for n in engine.cached_tokens_per_rank())  # both DP ranks served
-            assert engine.flush_cache()
-            pinned = engine.generate(
-                input_ids=prompts()[:8], sampling_params=PARAMS, data_parallel_rank=1
-            )
-            assert _ids(pinned) == want[:8]  # rank 0 stepped IDLE beside every forward
-            cached = engine.cached_tokens_per_rank()
-            assert cached[0] == 0 and cached[1] > 0
+            check_both_ranks_then_one(engine, want)

@@ -34,6 +34,17 @@ def _ids(outs: Any) -> list[list[int]]:
     return [o["output_ids"] for o in outs]
 
 
+def check_both_ranks_then_one(engine: Any, want: list[list[int]]) -> None:
+    """Both DP ranks served the batch; then 8 prompts pinned to DP rank 1 give the same
+    outputs while rank 0 steps IDLE beside every forward (its cache stays empty)."""
+    assert all(n > 0 for n in engine.cached_tokens_per_rank())
+    assert engine.flush_cache()
+    pinned = engine.generate(input_ids=prompts()[:8], sampling_params=PARAMS, data_parallel_rank=1)
+    assert _ids(pinned) == want[:8]
+    cached = engine.cached_tokens_per_rank()
+    assert cached[0] == 0 and cached[1] > 0
+
+
 @pytest.mark.parametrize(("kind", "tp", "dp", "ep", "backend"), LAYOUTS)
 def test_dp_attention_greedy_equals_single_process(
     greedy_reference: Any, kind: str, tp: int, dp: int, ep: int, backend: str
@@ -47,14 +58,7 @@ def test_dp_attention_greedy_equals_single_process(
         got = engine.generate(input_ids=prompts(), sampling_params=PARAMS)
         assert _ids(got) == want
         assert sum(o["meta_info"]["cached_tokens"] for o in got) > 0  # the radix cache was hit
-        assert all(n > 0 for n in engine.cached_tokens_per_rank())  # both DP ranks served
-        assert engine.flush_cache()
-        pinned = engine.generate(
-            input_ids=prompts()[:8], sampling_params=PARAMS, data_parallel_rank=1
-        )
-        assert _ids(pinned) == want[:8]  # rank 0 stepped IDLE beside every forward
-        cached = engine.cached_tokens_per_rank()
-        assert cached[0] == 0 and cached[1] > 0
+        check_both_ranks_then_one(engine, want)
         info = engine.get_server_info()
     assert len(procs) == tp + 1  # one scheduler per rank of the one world + the detokenizer
     assert not [p.name for p in procs if p.is_alive()]  # shutdown stopped every rank
