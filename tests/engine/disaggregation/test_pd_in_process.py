@@ -39,16 +39,21 @@ def _pair(
     colocated: SchedulerCore, prefill: dict[str, Any], decode: dict[str, Any]
 ) -> tuple[SchedulerCore, SchedulerCore, int]:
     port = free_port()
-    p = colocated.with_args(
-        **prefill,
-        disaggregation_mode="prefill",
-        disaggregation_transfer_backend="fake",
-        disaggregation_bootstrap_port=port,
-    )
+    p = _prefill(colocated, port, **prefill)
     d = colocated.with_args(
         **decode, disaggregation_mode="decode", disaggregation_transfer_backend="fake"
     )
     return p, d, port
+
+
+def _prefill(colocated: SchedulerCore, port: int, **args: Any) -> SchedulerCore:
+    """A prefill core (fake transfer) serving bootstrap on `port`."""
+    return colocated.with_args(
+        **args,
+        disaggregation_mode="prefill",
+        disaggregation_transfer_backend="fake",
+        disaggregation_bootstrap_port=port,
+    )
 
 
 def _reqs(
@@ -241,10 +246,7 @@ def test_hicache_on_both_sides_keeps_the_outputs(colocated: SchedulerCore, tmp_p
         p.close()
         # a fresh prefill over the same folder (nothing on its device or host), elsewhere
         port = free_port()
-        p = colocated.with_args(
-            **hicache, **storage, max_total_tokens=384, disaggregation_mode="prefill",
-            disaggregation_transfer_backend="fake", disaggregation_bootstrap_port=port,
-        )  # fmt: skip
+        p = _prefill(colocated, port, **hicache, **storage, max_total_tokens=384)
         got.append(_serve_pair(p, d, port, rounds[2], 950))
         assert _hicache(p).stats.storage_hit_tokens >= tenants * 96  # each system prompt
         assert got == expected
@@ -284,10 +286,7 @@ def test_a_prefill_restarted_at_the_same_address_is_found_again(
     try:
         assert _serve_pair(p, d, port, PROMPTS[:4], 1100) == expected
         p.close()
-        p = colocated.with_args(
-            disaggregation_mode="prefill", disaggregation_transfer_backend="fake",
-            disaggregation_bootstrap_port=port,
-        )  # fmt: skip
+        p = _prefill(colocated, port)  # the same address, a new process
         assert _serve_pair(p, d, port, PROMPTS[:4], 1200) == expected
         for core in (p, d):
             core.scheduler.check_memory_invariant()

@@ -134,6 +134,9 @@ def test_a_second_replica_reuses_the_first_ones_storage(
         hits = second.scheduler.tree_cache.stats.storage_hit_tokens
         assert hits >= TENANTS * 96  # each tenant's system prompt came from storage once
         assert second.scheduler.tree_cache.stats.prefetch_tokens >= hits  # read ahead
+        cache = second.scheduler.tree_cache
+        assert cache.prefetches_in_flight() == 0  # every read went with its request
+        assert cache.prefetcher.staged_bytes() == 0
         assert cached >= hits
         second.scheduler.check_memory_invariant()
     finally:

@@ -48,6 +48,14 @@ def written(path: Path, truth: dict[tuple[int, ...], torch.Tensor], tokens: list
     one.cache.close()  # lets its writes land
 
 
+def stored(path: Path, n: int = 32) -> tuple[dict[tuple[int, ...], torch.Tensor], list[int]]:
+    """An n-token prompt another replica wrote to the folder: (its KV truth, the prompt)."""
+    truth: dict[tuple[int, ...], torch.Tensor] = {}
+    prompt = seq(0, n)
+    written(path, truth, prompt)
+    return truth, prompt
+
+
 def reader(path: Path, policy: str, **config: float) -> tuple[World, GatedFile]:
     store = GatedFile(path)
     prefetch = PrefetchConfig(policy, **{"threshold": 0, **config})  # type: ignore[arg-type]
@@ -62,9 +70,7 @@ def wait_until(cond: object, seconds: float = 10) -> None:
 
 
 def test_wait_complete_holds_the_request_until_every_page_landed(tmp_path: Path) -> None:
-    truth: dict[tuple[int, ...], torch.Tensor] = {}
-    prompt = seq(0, 32)
-    written(tmp_path, truth, prompt)
+    truth, prompt = stored(tmp_path)
     w, store = reader(tmp_path, "wait_complete")
     w.cache.prefetch("a", prompt)
     store.release(3)
@@ -80,9 +86,7 @@ def test_wait_complete_holds_the_request_until_every_page_landed(tmp_path: Path)
 
 
 def test_best_effort_goes_at_once_with_what_landed(tmp_path: Path) -> None:
-    truth: dict[tuple[int, ...], torch.Tensor] = {}
-    prompt = seq(0, 32)
-    written(tmp_path, truth, prompt)
+    truth, prompt = stored(tmp_path)
     w, store = reader(tmp_path, "best_effort")
     w.cache.prefetch("a", prompt)
     store.release(2)
@@ -95,9 +99,7 @@ def test_best_effort_goes_at_once_with_what_landed(tmp_path: Path) -> None:
 
 
 def test_timeout_waits_its_deadline_then_takes_what_landed(tmp_path: Path) -> None:
-    truth: dict[tuple[int, ...], torch.Tensor] = {}
-    prompt = seq(0, 32)
-    written(tmp_path, truth, prompt)
+    truth, prompt = stored(tmp_path)
     w, store = reader(tmp_path, "timeout", timeout_base=0.2, timeout_per_ki_token=0.0)
     w.cache.prefetch("a", prompt)
     store.release(3)
@@ -112,9 +114,7 @@ def test_timeout_waits_its_deadline_then_takes_what_landed(tmp_path: Path) -> No
 
 
 def test_a_short_storage_hit_is_not_read(tmp_path: Path) -> None:
-    truth: dict[tuple[int, ...], torch.Tensor] = {}
-    prompt = seq(0, 8)
-    written(tmp_path, truth, prompt)
+    truth, prompt = stored(tmp_path, 8)
     w, store = reader(tmp_path, "wait_complete", threshold=16)
     store.release()
     w.cache.prefetch("a", [*prompt, *seq(100, 16)])  # 24 tokens to look up, 8 stored
@@ -125,9 +125,7 @@ def test_a_short_storage_hit_is_not_read(tmp_path: Path) -> None:
 
 
 def test_staged_pages_are_bounded_by_half_the_host_pool(tmp_path: Path) -> None:
-    truth: dict[tuple[int, ...], torch.Tensor] = {}
-    prompt = seq(0, 64)
-    written(tmp_path, truth, prompt)
+    truth, prompt = stored(tmp_path, 64)
     store = GatedFile(tmp_path)
     prefetch = PrefetchConfig("wait_complete", threshold=0)
     w = World(page=PAGE, pool=128, host=32, storage=store, prefetch=prefetch)
@@ -139,9 +137,7 @@ def test_staged_pages_are_bounded_by_half_the_host_pool(tmp_path: Path) -> None:
 
 
 def test_a_prefix_the_tree_gained_meanwhile_is_not_loaded_twice(tmp_path: Path) -> None:
-    truth: dict[tuple[int, ...], torch.Tensor] = {}
-    prompt = seq(0, 32)
-    written(tmp_path, truth, prompt)
+    truth, prompt = stored(tmp_path)
     w, store = reader(tmp_path, "wait_complete")
     w.cache.prefetch("a", prompt)
     w.put(prompt[:16], truth)  # another request computed the first half meanwhile
@@ -156,9 +152,7 @@ def test_a_prefix_the_tree_lost_meanwhile_is_read_again(tmp_path: Path) -> None:
     """The read covers what follows the tree's match; when that match is evicted for room
     before the request goes, the pages would follow a gap: they are read again, from where
     the tree ends now, and the request waits for that."""
-    truth: dict[tuple[int, ...], torch.Tensor] = {}
-    prompt = seq(0, 32)
-    written(tmp_path, truth, prompt)
+    truth, prompt = stored(tmp_path)
     w, store = reader(tmp_path, "wait_complete")
     w.put(prompt[:16], truth)
     w.cache.prefetch("a", prompt)  # reads tokens 16..31 only
@@ -176,9 +170,7 @@ def test_a_prefix_the_tree_lost_meanwhile_is_read_again(tmp_path: Path) -> None:
 def test_a_failing_store_costs_a_recompute_and_nothing_else(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    truth: dict[tuple[int, ...], torch.Tensor] = {}
-    prompt = seq(0, 32)
-    written(tmp_path, truth, prompt)
+    truth, prompt = stored(tmp_path)
     w, store = reader(tmp_path, "wait_complete")
     store.fail = True
     store.release()
@@ -192,9 +184,7 @@ def test_a_failing_store_costs_a_recompute_and_nothing_else(
 
 
 def test_requests_that_left_the_queue_release_their_staged_pages(tmp_path: Path) -> None:
-    truth: dict[tuple[int, ...], torch.Tensor] = {}
-    prompt = seq(0, 32)
-    written(tmp_path, truth, prompt)
+    truth, prompt = stored(tmp_path)
     w, store = reader(tmp_path, "wait_complete")
     store.release()
     w.cache.prefetch("gone", prompt)

@@ -189,9 +189,9 @@ class Scheduler:
         return [req]
 
     def get_new_batch_prefill(self) -> ScheduleBatch | None:
-        self._prefetch_waiting()  # before the early return: an empty queue drops leftovers
         if not self.waiting_queue and self.chunked_req is None:
             return None
+        self._prefetch_waiting()
         running = self.running_batch.reqs
         mixed = bool(self.args.enable_mixed_chunk and self.args.chunk_size and running)
         budget = PrefillBudget(
@@ -239,11 +239,11 @@ class Scheduler:
 
     def _prefetch_waiting(self) -> None:
         """HiCache storage: read ahead what waiting requests will find in storage (once per
-        request), and stop reading for requests that left the queue."""
+        request). A request leaves the queue admitted (its read taken by prefetch_ready) or
+        aborted (abort_request drops its read), so no read outlives its request."""
         cache = self.tree_cache
         if not cache.prefetches:
             return
-        cache.drop_prefetches({r.rid for r in self.waiting_queue})
         for req in self.waiting_queue:
             if not req.storage_prefetched:
                 req.storage_prefetched = True

@@ -4,6 +4,7 @@ radix tree, or the radix tree over host and storage tiers (HiCache)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.ipc.messages import HiCacheLoad
@@ -38,11 +39,12 @@ def make_tree_cache(args: ServerArgs, runner: ModelRunner) -> BasePrefixCache:
     pool = runner.token_to_kv_pool
     group = runner.groups.attn_cpu  # the ranks that schedule together agree on sizes and hits
     tokens = host_pool_tokens(pool, args.hicache_ratio, args.hicache_size, args.page_size)
+    options = args.hicache_storage_options()
     config = HiCacheConfig(
         host_size=group.min_int(tokens),
         write_policy=args.hicache_write_policy,
-        storage=_storage(args, runner),
-        prefetch=_prefetch(args),
+        storage=_storage(args, options, runner),
+        prefetch=_prefetch(args, options),
         agree_min=group.min_int if group.size > 1 else None,
     )
     return HiRadixCache(
@@ -56,8 +58,7 @@ def make_tree_cache(args: ServerArgs, runner: ModelRunner) -> BasePrefixCache:
     )
 
 
-def _prefetch(args: ServerArgs) -> PrefetchConfig:
-    options = args.hicache_storage_options()
+def _prefetch(args: ServerArgs, options: dict[str, Any]) -> PrefetchConfig:
     return PrefetchConfig(
         policy=args.hicache_storage_prefetch_policy,
         threshold=int(options["prefetch_threshold"]),
@@ -66,10 +67,11 @@ def _prefetch(args: ServerArgs) -> PrefetchConfig:
     )
 
 
-def _storage(args: ServerArgs, runner: ModelRunner) -> HiCacheStorage | None:
+def _storage(
+    args: ServerArgs, options: dict[str, Any], runner: ModelRunner
+) -> HiCacheStorage | None:
     if args.hicache_storage_backend is None:
         return None
-    options = args.hicache_storage_options()
     dtype = str(runner.token_to_kv_pool.dtype).removeprefix("torch.")
     tag = f"{args.served_model_name or args.model_path}-{dtype}"
     tp = runner.groups.attn_tp  # each attention-TP rank holds (and stores) its own heads
