@@ -3,7 +3,9 @@ before any process starts, with one ValueError naming the flag: attention heads 
 KV heads neither divisible nor dividing, more ranks than CUDA devices (--tp-size); experts not
 divisible by --ep-size, --ep-size on a dense model; under DP attention, heads not divisible by
 tp / dp and MLPs not divisible by tp. (ep not dividing tp or above tp × dp, an
-unknown --moe-a2a-backend, dp / DP attention: ServerArgs, tests/engine/test_server_args.py.)"""
+unknown --moe-a2a-backend, dp / DP attention: ServerArgs, tests/engine/test_server_args.py.)
+EPLB's flags too: redundant slots that do not split over the EP ranks, an unreadable or
+misshapen --init-expert-location, EPLB without EP."""
 
 from __future__ import annotations
 
@@ -20,6 +22,17 @@ def _config_only(folder: Path, **overrides: object) -> str:
     cfg = {**BASE, "architectures": ["LlamaForCausalLM"], "model_type": "llama", **overrides}
     (folder / "config.json").write_text(json.dumps(cfg))
     return str(folder)
+
+
+def _moe_config(folder: Path, experts: int) -> str:
+    return _config_only(
+        folder,
+        architectures=["Qwen3MoeForCausalLM"],
+        model_type="qwen3_moe",
+        num_experts=experts,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+    )
 
 
 def test_heads_not_divisible_by_tp(tmp_path: Path) -> None:
@@ -60,16 +73,31 @@ def test_replicated_kv_heads_are_accepted() -> None:
 def test_experts_not_divisible_by_ep(tmp_path: Path) -> None:
     from radixserve.engine import Engine
 
-    path = _config_only(
-        tmp_path,
-        architectures=["Qwen3MoeForCausalLM"],
-        model_type="qwen3_moe",
-        num_experts=6,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-    )
     with pytest.raises(ValueError, match=r"^ep_size: the model's 6 experts .* ep_size 4"):
-        Engine(model_path=path, tp_size=4, ep_size=4)
+        Engine(model_path=_moe_config(tmp_path, 6), tp_size=4, ep_size=4)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"ep_num_redundant_experts": 1}, r"^ep_num_redundant_experts: the model's 8 experts \+ 1"),
+        ({"init_expert_location": "/no/such.pt"}, r"^init_expert_location: cannot read"),
+        (
+            {"init_expert_location": '{"logical_count": [[1, 2]]}'},
+            r"^init_expert_location: logical_count: expected \[passes,\] 2, 8",
+        ),
+        ({"enable_eplb": True, "tp_size": 1, "ep_size": 1}, r"^ep_size: EPLB .* needs --ep-size"),
+        ({"eplb_rebalance_num_iterations": 0}, r"^eplb_rebalance_num_iterations: must be ≥ 1"),
+    ],
+)
+def test_eplb_flags_that_do_not_fit_the_model(
+    tmp_path: Path, flags: dict[str, object], message: str
+) -> None:
+    from radixserve.engine import Engine
+
+    layout = {"tp_size": 2, "ep_size": 2}
+    with pytest.raises(ValueError, match=message):
+        Engine(model_path=_moe_config(tmp_path, 8), **{**layout, **flags})
 
 
 def test_ep_on_a_dense_model(tmp_path: Path) -> None:

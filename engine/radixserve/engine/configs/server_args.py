@@ -279,6 +279,24 @@ class ServerArgs:
     expert_distribution_recorder_buffer_size: int = option(
         1000, "forward passes the recorder keeps, newest last (-1: all)"
     )
+    # expert placement over the EP ranks (layers/expert_location.py, SGLang's EPLB names)
+    ep_num_redundant_experts: int = option(
+        0, "extra expert slots per MoE layer, holding copies of the busiest experts (EPLB)"
+    )
+    init_expert_location: str = option(
+        "trivial",
+        "trivial, or a .pt / .json file or JSON with physical_to_logical_map (used as given) "
+        "or logical_count (a recorder dump: placed by EPLB at start)",
+    )
+    enable_eplb: bool = option(
+        False, "rebalance the experts over the EP ranks online, by the recorded load"
+    )
+    eplb_rebalance_num_iterations: int = option(
+        1000, "forward passes between two online rebalances (their counts decide the next)"
+    )
+    eplb_rebalance_layers_per_chunk: int | None = option(
+        None, "layers whose experts move after each forward pass during a rebalance (all)"
+    )
     # structured outputs (docs/structured_outputs.md)
     grammar_backend: str = option(
         "xgrammar",
@@ -534,6 +552,36 @@ class ServerArgs:
             f"must divide tp_size ({self.tp_size}): each EP group is ep_size TP ranks, "
             f"got {self.ep_size}",
         )
+        self._check_eplb()
+
+    def _check_eplb(self) -> None:
+        placed = (
+            self.ep_num_redundant_experts != 0
+            or self.init_expert_location != "trivial"
+            or self.enable_eplb
+        )
+        _check(
+            not placed or self.ep_size > 1,
+            "ep_size",
+            "EPLB (--ep-num-redundant-experts, --init-expert-location, --enable-eplb) places "
+            "experts on EP ranks: it needs --ep-size > 1",
+        )
+        _check(
+            self.ep_num_redundant_experts >= 0,
+            "ep_num_redundant_experts",
+            f"must be ≥ 0, got {self.ep_num_redundant_experts}",
+        )
+        _check(
+            self.eplb_rebalance_num_iterations >= 1,
+            "eplb_rebalance_num_iterations",
+            f"must be ≥ 1, got {self.eplb_rebalance_num_iterations}",
+        )
+        chunk = self.eplb_rebalance_layers_per_chunk
+        _check(
+            chunk is None or chunk >= 1,
+            "eplb_rebalance_layers_per_chunk",
+            f"must be ≥ 1, got {chunk}",
+        )
 
     @property
     def model_name(self) -> str:
@@ -662,16 +710,18 @@ def check_mlp_layout(config: ModelConfig, tp_size: int) -> None:
         )
 
 
-def check_ep_layout(config: ModelConfig, ep_size: int) -> None:
-    """Refuse an EP size the model's experts cannot be split over (ValueError naming ep_size)."""
+def check_ep_layout(config: ModelConfig, ep_size: int, redundant: int = 0) -> None:
+    """Refuse an EP size the model's experts (plus `redundant` EPLB slots) cannot be split
+    over (ValueError naming the flag)."""
     if ep_size == 1:
         return
     _check(config.moe is not None, "ep_size", f"{ep_size} needs a MoE model; this one is dense")
     experts = config.moe.num_experts if config.moe is not None else 0
     _check(
-        experts % ep_size == 0,
-        "ep_size",
-        f"the model's {experts} experts are not divisible by ep_size {ep_size}",
+        (experts + redundant) % ep_size == 0,
+        "ep_num_redundant_experts" if redundant else "ep_size",
+        f"the model's {experts} experts + {redundant} redundant slots are not divisible by "
+        f"ep_size {ep_size}",
     )
 
 

@@ -79,7 +79,12 @@ class Engine:
         out = self._run(self.state.tokenizer_manager.expert_distribution(action))
         if not out.success:
             raise ValueError(out.message)
-        return {"path": out.message, "logical_count": out.counts}
+        return {
+            "path": out.message,
+            "logical_count": out.counts,
+            "physical_count": out.physical_counts,
+            "physical_to_logical_map": out.physical_to_logical_map,
+        }
 
     def get_load(self) -> list[dict[str, Any]]:
         """Each DP rank's scheduler load (running, queued, tokens), by dp_rank."""

@@ -278,7 +278,8 @@ def create_app(state: ServerState) -> FastAPI:
 
 def _expert_distribution_route(action: str) -> Any:
     """SGLang's /{start,stop,dump}_expert_distribution_record: 400 naming the flag when the
-    recorder is off; a dump answers the counts [passes][layers][experts] and the file."""
+    recorder is off; a dump answers the counts [passes][layers][experts], the physical slots'
+    counts and placement (EPLB), and the file."""
 
     async def route(request: Request) -> Response:
         state: ServerState = request.app.state.server
@@ -287,7 +288,12 @@ def _expert_distribution_route(action: str) -> Any:
             return error_response(out.message, 400)
         body: dict[str, Any] = {"success": True}
         if action == "dump":
-            body.update(path=out.message, logical_count=out.counts)
+            body.update(
+                path=out.message,
+                logical_count=out.counts,
+                physical_count=out.physical_counts,
+                physical_to_logical_map=out.physical_to_logical_map,
+            )
         return JSONResponse(body)
 
     return route

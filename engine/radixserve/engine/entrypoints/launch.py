@@ -95,7 +95,11 @@ def check_parallel_layout(args: ServerArgs) -> None:
     config = load_model_files(source, args.resolved_dtype).config
     check_tp_layout(config, args.attn_tp_size, args.enable_dp_attention)
     check_mlp_layout(config, args.tp_size)  # under DP attention wider than attention's split
-    check_ep_layout(config, args.ep_size)
+    check_ep_layout(config, args.ep_size, args.ep_num_redundant_experts)
+    if config.moe is not None and args.ep_size > 1:  # a bad placement file fails here, named
+        from radixserve.engine.layers.expert_location import expert_location_for
+
+        expert_location_for(args, config, args.ep_size)
 
 
 def free_tcp_port(host: str) -> int:

@@ -82,14 +82,18 @@ class ExpertDistributionReq(_Msg, frozen=True):
 
 
 class ExpertDistributionOutput(_Msg, frozen=True):
-    """A DP rank's answer; on dump, the kept passes' counts [passes][layers][experts].
-    `whole_model`: the counts cover every DP rank's tokens (DP attention: the MoE runs over
-    all of them), so one rank's answer is the model's."""
+    """A DP rank's answer; on dump, the kept passes' counts [passes][layers][experts], the
+    physical slots' counts [passes][layers][slots] and the placement now [layers][slots]
+    (EPLB; slot e is expert e without it). `whole_model`: the counts cover every DP rank's
+    tokens (DP attention: the MoE runs over all of them), so one rank's answer is the
+    model's."""
 
     success: bool
     message: str = ""
     counts: list[list[list[int]]] = []
     whole_model: bool = False
+    physical_counts: list[list[list[int]]] = []
+    physical_to_logical_map: list[list[int]] = []
 
 
 class FlushCacheReq(_Msg, frozen=True):

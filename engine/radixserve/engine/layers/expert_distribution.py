@@ -7,6 +7,9 @@ counts `[layers, experts]` in a ring of `buffer_size` passes (-1: unbounded). Th
 endpoints (`/start_expert_distribution_record`, `/stop_…`, `/dump_…`) start (after a reset),
 stop, and dump (then reset). Layers without experts (DeepSeek's first dense layers) count zero,
 so the dump's shape is `[passes, num_hidden_layers, num_experts]`, as SGLang's `logical_count`.
+Beside it the recorder counts the physical slots the choices were dispatched to (EPLB's
+replicas, layers/expert_location.py): `[passes, layers, slots]`, whose per-rank sums are the EP
+ranks' loads.
 
 The ids are the router's (logical) experts: every rank of a TP or EP group routes the same
 tokens, and under DP attention the MoE runs over every DP rank's tokens, so any rank's counts
@@ -26,13 +29,21 @@ RECORDER_MODES = ("stat",)
 
 
 class ExpertDistributionRecorder:
-    def __init__(self, num_layers: int, num_experts: int, buffer_size: int = 1000) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_experts: int,
+        buffer_size: int = 1000,
+        num_physical: int | None = None,
+    ) -> None:
         self.num_layers = num_layers
         self.num_experts = num_experts
+        self.num_physical = num_physical or num_experts
         self.buffer_size = buffer_size
         self.recording = False
         self._lock = threading.Lock()
-        self._pass = torch.zeros(num_layers, num_experts, dtype=torch.int64)
+        # one pass's counts: the logical experts [:, :E], then the physical slots [:, E:]
+        self._pass = torch.zeros(num_layers, num_experts + self.num_physical, dtype=torch.int64)
         self._seen = False  # a MoE layer reported in the current pass
         maxlen = None if buffer_size < 0 else buffer_size
         self._passes: deque[torch.Tensor] = deque(maxlen=maxlen)
@@ -46,13 +57,21 @@ class ExpertDistributionRecorder:
         with self._lock:
             self.recording = False
 
-    def on_select(self, layer_id: int, topk_ids: torch.Tensor) -> None:
-        """One MoE layer's choices this pass (ids [T, top_k], global expert ids)."""
+    def on_select(
+        self, layer_id: int, topk_ids: torch.Tensor, slots: torch.Tensor | None = None
+    ) -> None:
+        """One MoE layer's choices this pass (ids [T, top_k], logical expert ids) and the
+        physical slots they went to (the same ids without EPLB's placement)."""
         if not self.recording or topk_ids.numel() == 0:
             return
-        counts = torch.bincount(topk_ids.flatten().to("cpu"), minlength=self.num_experts)
+        e, p = self.num_experts, self.num_physical
+        logical = torch.bincount(topk_ids.flatten().to("cpu"), minlength=e)[:e]
+        physical = (
+            logical if slots is None else torch.bincount(slots.flatten().to("cpu"), minlength=p)[:p]
+        )
         with self._lock:
-            self._pass[layer_id] += counts[: self.num_experts]
+            self._pass[layer_id, :e] += logical
+            self._pass[layer_id, e:] += physical
             self._seen = True
 
     def end_pass(self) -> None:
@@ -63,16 +82,18 @@ class ExpertDistributionRecorder:
             self._pass.zero_()
             self._seen = False
 
-    def dump(self) -> torch.Tensor:
-        """The kept passes' counts [passes, layers, experts], then a reset."""
+    def dump(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kept passes' counts, logical [passes, layers, experts] and physical [passes,
+        layers, slots], then a reset."""
         with self._lock:
+            width = self.num_experts + self.num_physical
             out = (
                 torch.stack(list(self._passes))
                 if self._passes
-                else torch.zeros(0, self.num_layers, self.num_experts, dtype=torch.int64)
+                else torch.zeros(0, self.num_layers, width, dtype=torch.int64)
             )
             self._reset()
-            return out
+        return out[..., : self.num_experts], out[..., self.num_experts :]
 
     def _reset(self) -> None:
         self._passes.clear()

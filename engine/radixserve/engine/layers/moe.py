@@ -36,6 +36,7 @@ other and with one process.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
 import torch
@@ -46,6 +47,7 @@ from radixserve.engine.configs.model_config import MoEConfig
 from radixserve.engine.distributed import GroupHandle
 from radixserve.engine.layers.activation import SiluAndMul
 from radixserve.engine.layers.expert_distribution import ExpertDistributionRecorder
+from radixserve.engine.layers.expert_location import LayerPlacement
 from radixserve.engine.layers.linear import Linear
 from radixserve.engine.layers.moe_router import MoEGate, TopKOutput, select_experts
 
@@ -82,7 +84,10 @@ class ExpertRange(NamedTuple):
 
 
 class FusedMoE(nn.Module):
-    """The routed experts of one layer, stacked: w13_weight, w2_weight (HF's [out, in] each)."""
+    """The routed experts of one layer, stacked: w13_weight, w2_weight (HF's [out, in] each).
+
+    Its ids are physical slots: `num_experts` of them, `expert_range` held here, slot i holding
+    logical expert `slot_experts[i - start]` (the same id without EPLB replicas)."""
 
     def __init__(
         self,
@@ -90,12 +95,18 @@ class FusedMoE(nn.Module):
         hidden_size: int,
         intermediate_size: int,
         expert_range: ExpertRange | None = None,
+        slot_experts: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         rng = expert_range or ExpertRange(0, num_experts)
         if not 0 <= rng.start < rng.end <= num_experts:
             raise ValueError(f"expert range {tuple(rng)} is not inside [0, {num_experts})")
         self.num_experts, self.expert_range = num_experts, rng
+        # The logical (checkpoint) expert each held slot holds: the slot ids themselves unless
+        # EPLB placed replicas (layers/expert_location.py); the EPLB manager rewrites it.
+        self.slot_experts = tuple(slot_experts or range(rng.start, rng.end))
+        if len(self.slot_experts) != rng.num_local:
+            raise ValueError(f"{len(self.slot_experts)} slot experts for {rng.num_local} slots")
         self.intermediate_size = intermediate_size
         local = rng.num_local
         self.w13_weight = nn.Parameter(
@@ -158,23 +169,28 @@ class FusedMoE(nn.Module):
     def load_expert(self, expert_id: int, shard: ExpertShard, tensor: torch.Tensor) -> bool:
         """Copy one expert's gate (w1), up (w3) or down (w2) checkpoint matrix into its slot.
 
+        `expert_id` is the checkpoint's (logical) id; every slot holding it gets a copy.
         Returns False, copying nothing, for an expert this module does not hold.
         """
-        if not self.expert_range.holds(expert_id):
-            return False
-        local, inter = expert_id - self.expert_range.start, self.intermediate_size
-        target = {
-            "w1": self.w13_weight.data[local, :inter],
-            "w3": self.w13_weight.data[local, inter:],
-            "w2": self.w2_weight.data[local],
-        }[shard]
-        if target.shape != tensor.shape:
-            raise ValueError(
-                f"expert {expert_id} {shard}: checkpoint shape {tuple(tensor.shape)} ≠ "
-                f"model {tuple(target.shape)}"
-            )
-        target.copy_(tensor)
-        return True
+        slots = [i for i, e in enumerate(self.slot_experts) if e == expert_id]
+        inter = self.intermediate_size
+        for local in slots:
+            target = {
+                "w1": self.w13_weight.data[local, :inter],
+                "w3": self.w13_weight.data[local, inter:],
+                "w2": self.w2_weight.data[local],
+            }[shard]
+            if target.shape != tensor.shape:
+                raise ValueError(
+                    f"expert {expert_id} {shard}: checkpoint shape {tuple(tensor.shape)} ≠ "
+                    f"model {tuple(target.shape)}"
+                )
+            target.copy_(tensor)
+        return bool(slots)
+
+    def holds_expert(self, expert_id: int) -> bool:
+        """Whether any slot here holds logical expert `expert_id`."""
+        return expert_id in self.slot_experts
 
     def load_stacked(
         self, name: Literal["gate_up_proj", "down_proj"], tensor: torch.Tensor
@@ -182,7 +198,7 @@ class FusedMoE(nn.Module):
         """transformers 5's in-memory layout: all experts in one tensor ([E, 2I, H] gate then up,
         or [E, H, I]); only this module's experts are copied."""
         target = self.w13_weight if name == "gate_up_proj" else self.w2_weight
-        part = tensor[self.expert_range.start : self.expert_range.end]
+        part = tensor[list(self.slot_experts)]
         if target.shape != part.shape:
             raise ValueError(f"experts.{name}: checkpoint shape {tuple(tensor.shape)} ≠ model")
         target.data.copy_(part)
@@ -240,7 +256,9 @@ class SparseMoeBlock(nn.Module):
     gates it (Qwen2-MoE; DeepSeek's shared experts are added as they are).
 
     Under expert parallelism (`ep` of size > 1) this rank holds its `ExpertRange.for_rank`
-    slice and `a2a_backend` (none | all_to_all, `ep_moe_forward`) joins the ranks' shares.
+    slice of the layer's slots and `a2a_backend` (none | all_to_all, `ep_moe_forward`) joins the
+    ranks' shares. With an EPLB `placement` there are E + redundant slots, each holding the
+    logical expert the placement names; the router's choices become slots before dispatch.
     """
 
     def __init__(
@@ -248,10 +266,10 @@ class SparseMoeBlock(nn.Module):
         moe: MoEConfig,
         hidden_size: int,
         shared_expert: nn.Module | None = None,
-        expert_range: ExpertRange | None = None,
         ep: GroupHandle | None = None,
         a2a_backend: str = "none",
         layer_id: int = 0,
+        placement: LayerPlacement | None = None,
     ) -> None:
         super().__init__()
         self.moe = moe
@@ -259,21 +277,31 @@ class SparseMoeBlock(nn.Module):
         # --expert-distribution-recorder-mode: set by the model runner (expert_distribution.py)
         self.recorder: ExpertDistributionRecorder | None = None
         self.ep, self.a2a_backend = ep or GroupHandle.single(), a2a_backend
+        # EPLB's slots (layers/expert_location.py): None is slot e = expert e. The EPLB manager
+        # swaps it, with the weights, between two forward passes.
+        self.placement = placement
+        num_slots, slot_experts, expert_range = moe.num_experts, None, None
+        if placement is not None:
+            num_slots = placement.num_physical
+            slot_experts = placement.rank_slots(self.ep.rank, self.ep.size)
         if self.ep.size > 1:
-            expert_range = ExpertRange.for_rank(moe.num_experts, self.ep)
+            expert_range = ExpertRange.for_rank(num_slots, self.ep)
         self.gate = MoEGate(moe, hidden_size)
         self.experts = FusedMoE(
-            moe.num_experts, hidden_size, moe.moe_intermediate_size, expert_range
+            num_slots, hidden_size, moe.moe_intermediate_size, expert_range, slot_experts
         )
         self.shared_expert = shared_expert
         gated = shared_expert is not None and moe.shared_expert_gated
         self.shared_expert_gate = Linear(hidden_size, 1, bias=False) if gated else None
 
     def select(self, hidden: torch.Tensor) -> TopKOutput:
-        """Each token's experts (reported to the recorder, if any)."""
-        topk = self._select(hidden)
+        """Each token's experts as physical slots (the choices and the slots reported to the
+        recorder, if any)."""
+        topk = logical = self._select(hidden)
+        if self.placement is not None:
+            topk = TopKOutput(topk.weights, self.placement.dispatch(topk.ids))
         if self.recorder is not None:
-            self.recorder.on_select(self.layer_id, topk.ids)
+            self.recorder.on_select(self.layer_id, logical.ids, topk.ids)
         return topk
 
     def _select(self, hidden: torch.Tensor) -> TopKOutput:

@@ -24,10 +24,10 @@ from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.distributed import ParallelGroups
 from radixserve.engine.forward_batch import ForwardBatch
 from radixserve.engine.layers.activation import SiluAndMul
-from radixserve.engine.layers.expert_distribution import ExpertDistributionRecorder
+from radixserve.engine.layers.expert_location import expert_location_for
 from radixserve.engine.layers.layernorm import RMSNorm
 from radixserve.engine.layers.logits_processor import LogitsProcessorOutput
-from radixserve.engine.layers.moe import FusedMoE, SparseMoeBlock
+from radixserve.engine.layers.moe import FusedMoE
 from radixserve.engine.layers.parallel_linear import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -45,6 +45,7 @@ from radixserve.engine.model_executor.cuda_graph_runner import (
     DEFAULT_MAX_BS as DEFAULT_GRAPH_MAX_BS,
 )
 from radixserve.engine.model_executor.cuda_graph_runner import CudaGraphRunner
+from radixserve.engine.model_executor.eplb_manager import attach_expert_balancing
 from radixserve.engine.model_loader.loader import LoadedModelFiles
 from radixserve.engine.models import get_model_class
 from radixserve.engine.models.base import CausalLM
@@ -209,8 +210,14 @@ class ModelRunner:
         self.model_config = files.config
         self.device = torch.device(args.device)
         self.groups = groups or ParallelGroups.single(self.device)
+        moe_ep = files.config.moe is not None and self.groups.ep.size > 1
+        self.expert_location = (
+            expert_location_for(args, files.config, self.groups.ep.size) if moe_ep else None
+        )
         self.model = model if model is not None else self._load_model(files)
-        self.expert_recorder = self._attach_expert_recorder()
+        self.expert_recorder, self.eplb = attach_expert_balancing(
+            self.model, args, files.config, self.expert_location, self.groups.ep
+        )
         self._attach_fused_ops()
         self._prepack_cpu_weights()
         c = self.model_config
@@ -336,7 +343,8 @@ class ModelRunner:
         tp = self.groups.world.size > 1
         with torch.device(self.device):
             # Single process: the constructor every architecture has (config only).
-            model = cls(files.config, groups=self.groups) if tp else cls(files.config)
+            placed = {"expert_location": self.expert_location} if self.expert_location else {}
+            model = cls(files.config, groups=self.groups, **placed) if tp else cls(files.config)
         weights = files.sharded_weights() if tp else files.weights()
         if self.groups.world.rank == 0:  # one bar per replica
             weights = iter_progress(weights, "loading weights", "tensor")
@@ -378,19 +386,6 @@ class ModelRunner:
             )
         if self.expert_recorder is not None:
             self.expert_recorder.end_pass()
+        if self.eplb is not None:  # between two forwards: experts may move now
+            self.eplb.on_forward_end()
         return out
-
-    def _attach_expert_recorder(self) -> ExpertDistributionRecorder | None:
-        """--expert-distribution-recorder-mode: one recorder every MoE block reports to."""
-        moe = self.model_config.moe
-        if self.args.expert_distribution_recorder_mode is None or moe is None:
-            return None
-        recorder = ExpertDistributionRecorder(
-            self.model_config.num_hidden_layers,
-            moe.num_experts,
-            self.args.expert_distribution_recorder_buffer_size,
-        )
-        for module in self.model.modules():
-            if isinstance(module, SparseMoeBlock):
-                module.recorder = recorder
-        return recorder

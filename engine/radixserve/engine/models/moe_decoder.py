@@ -22,6 +22,7 @@ from torch import nn
 
 from radixserve.engine.configs.model_config import ModelConfig
 from radixserve.engine.distributed import GroupHandle, ParallelGroups
+from radixserve.engine.layers.expert_location import ExpertLocation
 from radixserve.engine.layers.moe import ExpertShard, FusedMoE, SparseMoeBlock
 from radixserve.engine.model_loader.weight import Weight, read_full
 from radixserve.engine.models.llama import LlamaForCausalLM, MlpFactory, dense_mlp
@@ -47,10 +48,28 @@ _Seen = set[tuple[str, int, ExpertShard]]
 
 
 class MoeForCausalLM(LlamaForCausalLM):
-    """A Llama-shaped decoder whose sparse layers' MLP is a SparseMoeBlock."""
+    """A Llama-shaped decoder whose sparse layers' MLP is a SparseMoeBlock; `expert_location`
+    (EPLB's placement over the EP ranks, layers/expert_location.py) defaults to slot e =
+    expert e."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        groups: ParallelGroups | None = None,
+        expert_location: ExpertLocation | None = None,
+    ) -> None:
+        # read by mlp_factory, which the base constructor calls (a plain attribute may be set
+        # before nn.Module's own)
+        self.expert_location = expert_location
+        super().__init__(config, groups)
 
     def mlp_factory(self, groups: ParallelGroups) -> MlpFactory:
-        return partial(self.make_mlp, ep=groups.ep, a2a_backend=groups.moe_a2a_backend)
+        return partial(
+            self.make_mlp,
+            ep=groups.ep,
+            a2a_backend=groups.moe_a2a_backend,
+            location=self.expert_location,
+        )
 
     @staticmethod
     def make_mlp(
@@ -59,11 +78,12 @@ class MoeForCausalLM(LlamaForCausalLM):
         tp: GroupHandle,
         ep: GroupHandle | None = None,
         a2a_backend: str = "none",
+        location: ExpertLocation | None = None,
     ) -> nn.Module:
         """SparseMoeBlock on sparse layers, else the dense MLP. Under TP the routed experts are
         replicated on every rank of an EP group and partitioned over its `ep` ranks (one
-        contiguous slice each, joined by `a2a_backend`); a shared expert is Llama's
-        tensor-parallel MLP at `shared_expert_intermediate_size`."""
+        contiguous slice of slots each, as `location` places them; joined by `a2a_backend`);
+        a shared expert is Llama's tensor-parallel MLP at `shared_expert_intermediate_size`."""
         moe = config.moe
         if moe is None or not moe.is_sparse_layer(layer_id):
             return dense_mlp(config, layer_id, tp)
@@ -73,9 +93,11 @@ class MoeForCausalLM(LlamaForCausalLM):
             if shared_size
             else None
         )
+        placement = location.layer(layer_id) if location is not None else None
         return SparseMoeBlock(
-            moe, config.hidden_size, shared, ep=ep, a2a_backend=a2a_backend, layer_id=layer_id
-        )
+            moe, config.hidden_size, shared, ep=ep, a2a_backend=a2a_backend, layer_id=layer_id,
+            placement=placement,
+        )  # fmt: skip
 
     def checkpoint_name(self, name: str) -> str:
         """Checkpoint tensor name → our parameter path (Mixtral renames its MoE block)."""
@@ -87,8 +109,7 @@ class MoeForCausalLM(LlamaForCausalLM):
         super().load_weights(self._note_experts(weights, seen))
         for path, module in self.named_modules():
             if isinstance(module, FusedMoE):
-                rng = module.expert_range
-                want = {(path, e, s) for e in range(rng.start, rng.end) for s in _ALL_SHARDS}
+                want = {(path, e, s) for e in set(module.slot_experts) for s in _ALL_SHARDS}
                 if absent := sorted(want - seen):
                     raise ValueError(f"checkpoint is missing expert weights: {absent[:3]} …")
 
@@ -101,8 +122,7 @@ class MoeForCausalLM(LlamaForCausalLM):
             if m := _EXPERT.match(target):
                 seen.update((m["experts"], int(m["expert"]), s) for s in _SHARDS[m["proj"]])
             elif m := _STACKED_EXPERTS.match(target):
-                rng = self._experts(m["experts"]).expert_range
-                ids = range(rng.start, rng.end)
+                ids = set(self._experts(m["experts"]).slot_experts)
                 seen.update((m["experts"], e, s) for e in ids for s in _SHARDS[m["proj"]])
             yield name, w
 
@@ -121,7 +141,7 @@ class MoeForCausalLM(LlamaForCausalLM):
     def _load_expert(self, path: str, expert_id: int, proj: str, w: Weight) -> str:
         module = self._experts(path)
         (shard,) = _SHARDS[proj]
-        if module.expert_range.holds(expert_id):  # another rank's expert is never read
+        if module.holds_expert(expert_id):  # another rank's expert is never read
             module.load_expert(expert_id, shard, read_full(w))
         return f"{path}.{'w2_weight' if shard == 'w2' else 'w13_weight'}"
 

@@ -153,7 +153,8 @@ class SchedulerLoop:
 
     def handle_expert_distribution(self, msg: ExpertDistributionReq) -> None:
         runner = self.scheduler.runner
-        out = expert_distribution(runner.expert_recorder, msg.action, self.dp_rank)
+        location = runner.eplb.location if runner.eplb is not None else runner.expert_location
+        out = expert_distribution(runner.expert_recorder, msg.action, self.dp_rank, location)
         whole = runner.groups.dp_attention  # the MoE ran over every DP rank's tokens
         self.ch.to_tokenizer.send(msgspec.structs.replace(out, whole_model=whole))
 

@@ -197,7 +197,14 @@ class TokenizerManager:
         if failed or outs[0].whole_model or len(outs) == 1:
             return failed[0] if failed else outs[0]
         passes = [p for o in outs for p in o.counts]
-        return ExpertDistributionOutput(True, "; ".join(o.message for o in outs), passes)
+        physical = [p for o in outs for p in o.physical_counts]
+        return ExpertDistributionOutput(
+            True,
+            "; ".join(o.message for o in outs),
+            passes,
+            physical_counts=physical,
+            physical_to_logical_map=outs[0].physical_to_logical_map,  # DP group 0's placement
+        )
 
     async def get_load(self) -> list[LoadOutput]:
         """One LoadOutput per DP rank, by dp_rank."""

@@ -1,0 +1,179 @@
+"""Where each MoE layer's experts live on the EP ranks (SGLang's expert location), and how a
+token's choice of a logical expert becomes a physical slot.
+
+A layer has P = num_experts + `--ep-num-redundant-experts` physical slots; EP rank r holds slots
+[r·P/ep, (r+1)·P/ep). `physical_to_logical[layer][slot]` is the logical (router) expert a slot
+holds. The placement starts trivial (slot i holds expert i mod E), or from
+`--init-expert-location` (a map, or recorded counts placed by EPLB), and `--enable-eplb`
+replaces it online (model_executor/eplb_manager.py).
+
+Dispatch (SGLang's `dynamic`, rank-invariant form): token t's choice of an expert goes to replica
+`t mod copies` of it (by token, not by (token, choice) row: with top_k = 2 a row's parity would
+pin an expert to one copy), so a replicated expert's tokens spread evenly over its copies, and
+every rank, seeing the same tokens, picks the same slots. Replicas hold the same
+weights, so the placement changes which rank computes a row, never its value.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from radixserve.engine.configs.model_config import ModelConfig
+from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.layers.eplb_algorithm import place_layer
+
+
+@dataclass(frozen=True, slots=True)
+class LayerPlacement:
+    """One layer's slots and the table that turns logical choices into slots."""
+
+    physical_to_logical: tuple[int, ...]
+    logical_to_physical: torch.Tensor  # [E, max copies] int64, -1 past each expert's copies
+    num_copies: torch.Tensor  # [E] int64, ≥ 1
+
+    @classmethod
+    def of(cls, physical_to_logical: Sequence[int], num_experts: int) -> LayerPlacement:
+        copies: list[list[int]] = [[] for _ in range(num_experts)]
+        for slot, expert in enumerate(physical_to_logical):
+            copies[expert].append(slot)
+        if missing := [e for e, c in enumerate(copies) if not c]:
+            raise ValueError(f"experts {missing[:5]} have no physical slot")
+        width = max(len(c) for c in copies)
+        table = torch.tensor([c + [-1] * (width - len(c)) for c in copies], dtype=torch.int64)
+        counts = torch.tensor([len(c) for c in copies], dtype=torch.int64)
+        return cls(tuple(physical_to_logical), table, counts)
+
+    @property
+    def num_physical(self) -> int:
+        return len(self.physical_to_logical)
+
+    @property
+    def is_identity(self) -> bool:
+        """Slot i holds expert i (no replicas): choices are slots as they are."""
+        return self.physical_to_logical == tuple(range(len(self.num_copies)))
+
+    def rank_slots(self, rank: int, num_ranks: int) -> tuple[int, ...]:
+        """The logical experts of EP rank `rank`'s slots, in slot order."""
+        per_rank = self.num_physical // num_ranks
+        return self.physical_to_logical[rank * per_rank : (rank + 1) * per_rank]
+
+    def dispatch(self, logical_ids: torch.Tensor) -> torch.Tensor:
+        """[T, top_k] logical expert ids → the physical slots their rows go to."""
+        if self.is_identity:
+            return logical_ids
+        device = logical_ids.device
+        table, counts = self.logical_to_physical.to(device), self.num_copies.to(device)
+        tokens = torch.arange(logical_ids.shape[0], device=device)[:, None]
+        return table[logical_ids, tokens % counts[logical_ids]]
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertLocation:
+    """Every layer's placement: physical_to_logical [layers][P] (dense layers included, as
+    SGLang keeps them, so the recorder's dumps line up)."""
+
+    physical_to_logical: tuple[tuple[int, ...], ...]
+    num_experts: int
+
+    @classmethod
+    def trivial(cls, num_layers: int, num_experts: int, num_physical: int) -> ExpertLocation:
+        row = tuple(i % num_experts for i in range(num_physical))
+        return cls((row,) * num_layers, num_experts)
+
+    @classmethod
+    def by_eplb(
+        cls, counts: torch.Tensor, num_physical: int, num_ranks: int, num_groups: int = 1
+    ) -> ExpertLocation:
+        """EPLB over per-layer loads `counts` [layers, E] (or [passes, layers, E], summed)."""
+        if counts.dim() == 3:
+            counts = counts.sum(0)
+        loads = counts.double().tolist()
+        rows = tuple(tuple(place_layer(row, num_physical, num_ranks, num_groups)) for row in loads)
+        return cls(rows, counts.shape[1])
+
+    def layer(self, layer_id: int) -> LayerPlacement:
+        return LayerPlacement.of(self.physical_to_logical[layer_id], self.num_experts)
+
+    def as_tensor(self) -> torch.Tensor:
+        return torch.tensor(self.physical_to_logical, dtype=torch.int64)
+
+
+def load_expert_location(
+    spec: str,
+    num_layers: int,
+    num_experts: int,
+    num_physical: int,
+    num_ranks: int,
+    num_groups: int = 1,
+) -> ExpertLocation:
+    """`--init-expert-location`: trivial; a `.pt` or `.json` file, or inline JSON, holding
+    `physical_to_logical_map` [layers, P] (used as given) or `logical_count` ([layers, E], or
+    [passes, layers, E] as the recorder dumps it; placed by EPLB). ValueError naming the flag
+    for anything else."""
+    if spec == "trivial":
+        return ExpertLocation.trivial(num_layers, num_experts, num_physical)
+    data = _read(spec)
+    if "physical_to_logical_map" in data:
+        rows = torch.as_tensor(data["physical_to_logical_map"], dtype=torch.int64)
+        _expect(rows.shape == (num_layers, num_physical), "physical_to_logical_map", rows.shape,
+                (num_layers, num_physical))  # fmt: skip
+        bad = (rows < 0) | (rows >= num_experts)
+        _expect(not bool(bad.any()), "physical_to_logical_map", "ids", f"in [0, {num_experts})")
+        location = ExpertLocation(tuple(tuple(r) for r in rows.tolist()), num_experts)
+        for layer_id in range(num_layers):
+            try:
+                location.layer(layer_id)
+            except ValueError as exc:
+                raise ValueError(f"init_expert_location: layer {layer_id}: {exc}") from None
+        return location
+    if "logical_count" in data:
+        counts = torch.as_tensor(data["logical_count"], dtype=torch.int64)
+        shape = tuple(counts.shape[-2:])
+        _expect(counts.dim() in (2, 3) and shape == (num_layers, num_experts), "logical_count",
+                tuple(counts.shape), f"[passes,] {num_layers}, {num_experts}")  # fmt: skip
+        return ExpertLocation.by_eplb(counts, num_physical, num_ranks, num_groups)
+    raise ValueError(
+        "init_expert_location: expected trivial, or a .pt / .json file or JSON with "
+        "physical_to_logical_map or logical_count"
+    )
+
+
+def expert_location_for(args: ServerArgs, config: ModelConfig, ep_size: int) -> ExpertLocation:
+    """The start-up placement of a MoE model over `ep_size` EP ranks: `--init-expert-location`
+    over E + `--ep-num-redundant-experts` slots (ValueError naming the flag when it does not
+    fit the model)."""
+    moe = config.moe
+    assert moe is not None
+    return load_expert_location(
+        args.init_expert_location,
+        config.num_hidden_layers,
+        moe.num_experts,
+        moe.num_experts + args.ep_num_redundant_experts,
+        ep_size,
+        moe.n_group,
+    )
+
+
+def _read(spec: str) -> dict[str, object]:
+    try:
+        if spec.lstrip().startswith("{"):
+            data = json.loads(spec)
+        elif spec.endswith(".pt"):
+            data = torch.load(spec, map_location="cpu", weights_only=True)
+        else:
+            data = json.loads(Path(spec).read_text())
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"init_expert_location: cannot read {spec!r}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"init_expert_location: {spec!r} holds no mapping")
+    return data
+
+
+def _expect(ok: bool, key: str, got: object, want: object) -> None:
+    if not ok:
+        raise ValueError(f"init_expert_location: {key}: expected {want}, got {got}")
