@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import torch
 
@@ -57,10 +58,26 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[list[int
     return folder, want
 
 
+def scraped(engine: Any) -> dict[str, float]:
+    """DP rank 0's expert series on /metrics, as the tokenizer manager renders them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from radixserve.engine.ipc.messages import LoadOutput
+    from radixserve.engine.tokenizer.metrics import EngineMetrics
+
+    loads = [msgspec.convert(load, LoadOutput) for load in engine.get_load()]
+    text = EngineMetrics("m").render(loads).decode()
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    return {s.name: s.value for s in samples if s.labels.get("dp_rank") == "0"}
+
+
 def _recorded(engine: Any) -> tuple[list[list[int]], dict[str, Any]]:
     engine.expert_distribution("start")
     outs = engine.generate(input_ids=skewed_prompts(), sampling_params=PARAMS)
-    return [o["output_ids"] for o in outs], engine.expert_distribution("dump")
+    gauge = scraped(engine)["radixserve:expert_balancedness"]
+    dump = engine.expert_distribution("dump")
+    assert gauge == pytest.approx(rank_balancedness(dump))  # the metric is the dump's figure
+    return [o["output_ids"] for o in outs], dump
 
 
 def test_placement_from_a_recorded_dump_balances_the_ranks_with_the_same_outputs(
@@ -107,7 +124,12 @@ def test_online_rebalance_while_requests_stream_fails_none(
         with ThreadPoolExecutor(len(prompts)) as pool:
             got = list(pool.map(one, range(len(prompts))))
         dump = engine.expert_distribution("dump")
+        metrics = scraped(engine)
     assert got == want  # every request finished, each with the single process's output
+    assert metrics["radixserve:eplb_rebalances_total"] >= 1
+    assert metrics["radixserve:eplb_moved_layers_total"] >= 2
     moved = dump["physical_to_logical_map"][1:]
     assert moved != [list(range(8))] * 2, "no rebalance took place"
-    print(f"\nonline EPLB: placement {moved}")
+    print(f"\nonline EPLB: {metrics['radixserve:eplb_rebalances_total']:.0f} rebalances, "
+          f"longest move {1000 * metrics['radixserve:eplb_max_move_seconds']:.1f} ms, "
+          f"placement now {moved}")  # fmt: skip

@@ -112,8 +112,5 @@ class Engine:
 
 
 def _plain(load: LoadOutput) -> dict[str, Any]:
-    """A load as plain dicts, HiCache's nested counters included."""
-    out = msgspec.structs.asdict(load)
-    if load.hicache is not None:
-        out["hicache"] = msgspec.structs.asdict(load.hicache)
-    return out
+    """A load as plain dicts, HiCache's and the experts' nested parts included."""
+    return msgspec.to_builtins(load)

@@ -136,6 +136,18 @@ class HiCacheLoad(_Msg, frozen=True):
     prefetch_staged_bytes: int = 0
 
 
+class ExpertLoad(_Msg, frozen=True):
+    """The MoE experts' balance on one DP rank (model_executor/eplb_manager.py): max/mean EP-rank
+    load over the recorder's kept passes (1.0 with none), and online EPLB's counters."""
+
+    balancedness: float
+    recorded_passes: int
+    rebalances: int = 0
+    moved_layers: int = 0
+    move_seconds: float = 0.0
+    max_move_seconds: float = 0.0  # the longest single chunk: the pause it added to one step
+
+
 class LoadOutput(_Msg, frozen=True):
     dp_rank: int
     num_running_reqs: int
@@ -156,6 +168,7 @@ class LoadOutput(_Msg, frozen=True):
     kv_transfer_failed_total: int = 0
     bootstrap_failed_total: int = 0  # rooms refused or lost at bootstrap
     hicache: HiCacheLoad | None = None  # --enable-hierarchical-cache only
+    experts: ExpertLoad | None = None  # the expert recorder or EPLB only
 
 
 class StateOutput(_Msg, frozen=True):

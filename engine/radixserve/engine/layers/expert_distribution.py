@@ -82,6 +82,14 @@ class ExpertDistributionRecorder:
             self._pass.zero_()
             self._seen = False
 
+    def window(self) -> tuple[int, torch.Tensor]:
+        """(kept passes, their physical slots' counts summed [layers, slots]), no reset."""
+        with self._lock:
+            total = self._pass.new_zeros(self._pass.shape)
+            for counts in self._passes:
+                total += counts
+            return len(self._passes), total[:, self.num_experts :]
+
     def dump(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The kept passes' counts, logical [passes, layers, experts] and physical [passes,
         layers, slots], then a reset."""

@@ -20,12 +20,14 @@ from __future__ import annotations
 import logging
 import time
 
+import msgspec
 import torch
 from torch import nn
 
 from radixserve.engine.configs.model_config import ModelConfig
 from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.distributed import GroupHandle
+from radixserve.engine.ipc.messages import ExpertLoad
 from radixserve.engine.layers.eplb_algorithm import balancedness, rank_loads
 from radixserve.engine.layers.expert_distribution import ExpertDistributionRecorder
 from radixserve.engine.layers.expert_location import ExpertLocation, LayerPlacement
@@ -53,6 +55,9 @@ class EPLBManager:
         self.num_groups = num_groups
         self.passes = 0
         self.rebalances = 0  # completed
+        self.moved_layers = 0
+        self.move_seconds = 0.0
+        self.max_move_seconds = 0.0
         self._pending: list[int] = []  # layers still to move to `self._target`
         self._target: ExpertLocation | None = None
         recorder.start()
@@ -105,12 +110,13 @@ class EPLBManager:
             block.placement = LayerPlacement.of(new, self.location.num_experts)
             rows[layer_id] = new
         self.location = ExpertLocation(tuple(rows), self.location.num_experts)
+        seconds = time.perf_counter() - start
+        self.moved_layers += len(chunk)
+        self.move_seconds += seconds
+        self.max_move_seconds = max(self.max_move_seconds, seconds)
         if not self._pending:
             self.rebalances += 1
-        logger.info(
-            "eplb_moved layers=%s seconds=%.4f left=%d",
-            chunk, time.perf_counter() - start, len(self._pending),
-        )  # fmt: skip
+        logger.info("eplb_moved layers=%s seconds=%.4f left=%d", chunk, seconds, len(self._pending))
 
 
 def _balancedness(counts: torch.Tensor, location: ExpertLocation, num_ranks: int) -> float:
@@ -156,3 +162,23 @@ def attach_expert_balancing(
         args.eplb_rebalance_layers_per_chunk, moe.n_group,
     )  # fmt: skip
     return recorder, manager
+
+
+def expert_load(
+    recorder: ExpertDistributionRecorder | None, eplb: EPLBManager | None, ep_size: int
+) -> ExpertLoad | None:
+    """The load snapshot's expert balance (None without the recorder)."""
+    if recorder is None:
+        return None
+    passes, slots = recorder.window()
+    layers = [balancedness(rank_loads(row, ep_size)) for row in slots.tolist() if any(row)]
+    out = ExpertLoad(sum(layers) / len(layers) if layers else 1.0, passes)
+    if eplb is None:
+        return out
+    return msgspec.structs.replace(
+        out,
+        rebalances=eplb.rebalances,
+        moved_layers=eplb.moved_layers,
+        move_seconds=eplb.move_seconds,
+        max_move_seconds=eplb.max_move_seconds,
+    )

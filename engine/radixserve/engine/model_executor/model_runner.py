@@ -23,6 +23,7 @@ from radixserve.engine.configs.model_config import ModelConfig
 from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.distributed import ParallelGroups
 from radixserve.engine.forward_batch import ForwardBatch
+from radixserve.engine.ipc.messages import ExpertLoad
 from radixserve.engine.layers.activation import SiluAndMul
 from radixserve.engine.layers.expert_location import expert_location_for
 from radixserve.engine.layers.layernorm import RMSNorm
@@ -45,7 +46,7 @@ from radixserve.engine.model_executor.cuda_graph_runner import (
     DEFAULT_MAX_BS as DEFAULT_GRAPH_MAX_BS,
 )
 from radixserve.engine.model_executor.cuda_graph_runner import CudaGraphRunner
-from radixserve.engine.model_executor.eplb_manager import attach_expert_balancing
+from radixserve.engine.model_executor.eplb_manager import attach_expert_balancing, expert_load
 from radixserve.engine.model_loader.loader import LoadedModelFiles
 from radixserve.engine.models import get_model_class
 from radixserve.engine.models.base import CausalLM
@@ -362,6 +363,10 @@ class ModelRunner:
             time.perf_counter() - start,
         )
         return model
+
+    def expert_load(self) -> ExpertLoad | None:
+        """The experts' balance over the EP ranks, for the load snapshot (None: no recorder)."""
+        return expert_load(self.expert_recorder, self.eplb, self.groups.ep.size)
 
     def release_pools(self) -> None:
         """Free the KV buffers now rather than whenever the runner is collected (and the

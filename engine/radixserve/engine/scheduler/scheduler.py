@@ -502,6 +502,7 @@ class Scheduler:
             max_total_num_tokens=self.max_total_tokens,
             token_usage=used / self.max_total_tokens,
             hicache=hicache_load(self.tree_cache),
+            experts=self.runner.expert_load(),
             **(self.pd.load_fields() if self.pd is not None else {}),  # type: ignore[arg-type]
         )
 

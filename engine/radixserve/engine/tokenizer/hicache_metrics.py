@@ -6,12 +6,12 @@ only renders). Names follow SGLang's where it has one (load_back_tokens, backupe
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, Metric
 
-from radixserve.engine.ipc.messages import HiCacheLoad, LoadOutput
+from radixserve.engine.tokenizer.load_collector import LABELS, LoadPartCollector, P
 
-P = "radixserve:"
 # (metric name without _total, HiCacheLoad field, help)
 COUNTERS = (
     ("load_back_tokens", "load_back_tokens", "Tokens copied from the host tier to the KV pool"),
@@ -45,40 +45,17 @@ TIERS = (
 )
 
 
-class HiCacheCollector:
-    """A prometheus_client collector over the latest loads (set before each scrape)."""
+class HiCacheCollector(LoadPartCollector):
+    """HiCache's counters and levels, plus its hits by tier."""
 
-    def __init__(self, model_name: str) -> None:
-        self.model_name = model_name
-        self.loads: list[LoadOutput] = []
+    part, counters, gauges = "hicache", COUNTERS, GAUGES
 
-    def _ranks(self) -> list[tuple[list[str], HiCacheLoad]]:
-        return [
-            ([self.model_name, str(load.dp_rank)], load.hicache)
-            for load in self.loads
-            if load.hicache is not None
-        ]
-
-    def collect(self) -> Iterator[Metric]:
-        ranks = self._ranks()
-        if not ranks:
-            return
-        labels = ["model_name", "dp_rank"]
+    def extra(self, ranks: list[tuple[list[str], Any]]) -> Iterator[Metric]:
         hits = CounterMetricFamily(
             P + "hicache_hit_tokens", "Prefix tokens matched, by the tier that held them",
-            labels=[*labels, "tier"],
+            labels=[*LABELS, "tier"],
         )  # fmt: skip
         for values, hc in ranks:
             for tier, field in TIERS:
                 hits.add_metric([*values, tier], getattr(hc, field))
         yield hits
-        for name, field, doc in COUNTERS:
-            counter = CounterMetricFamily(P + name, doc, labels=labels)
-            for values, hc in ranks:
-                counter.add_metric(values, getattr(hc, field))
-            yield counter
-        for name, field, doc in GAUGES:
-            gauge = GaugeMetricFamily(P + name, doc, labels=labels)
-            for values, hc in ranks:
-                gauge.add_metric(values, getattr(hc, field))
-            yield gauge

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from radixserve.engine.ipc.messages import LoadOutput
+from radixserve.engine.tokenizer.expert_metrics import ExpertCollector
 from radixserve.engine.tokenizer.hicache_metrics import HiCacheCollector
 from radixserve.engine.tokenizer.pd_metrics import PDCollector
 
@@ -46,6 +47,8 @@ class EngineMetrics:
             reg.register(self.pd)
         self.hicache = HiCacheCollector(model_name)  # silent unless a rank runs HiCache
         reg.register(self.hicache)
+        self.experts = ExpertCollector(model_name)  # silent without the recorder or EPLB
+        reg.register(self.experts)
         labels = ["model_name"]
         self.labels = {"model_name": model_name}
 
@@ -125,6 +128,7 @@ class EngineMetrics:
         if self.pd is not None:
             self.pd.loads = loads
         self.hicache.loads = loads
+        self.experts.loads = loads
         for load in loads:
             rank = self._rank(load.dp_rank)
             self.num_running_reqs.labels(**rank).set(load.num_running_reqs)
