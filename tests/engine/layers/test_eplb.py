@@ -63,6 +63,10 @@ def test_dispatch_spreads_a_replicated_expert_over_its_copies() -> None:
     assert [per_slot[s] for s in (0, 4, 5)] == [20, 20, 20]  # expert 0: 60 rows, 3 copies
     assert [per_slot[s] for s in (1, 6)] == [15, 15]
     assert torch.equal(LayerPlacement.of(range(4), 4).dispatch(ids), ids)  # trivial: as is
+    # expert 0 only on even tokens: numbering by token index would send it all to one copy
+    twice = LayerPlacement.of([0, 1, 2, 3, 0, 1, 2, 3], num_experts=4)
+    alternating = twice.dispatch(torch.tensor([[0, 1], [2, 3]] * 10))
+    assert torch.bincount(alternating.flatten(), minlength=8).tolist() == [5] * 8
 
 
 def test_init_expert_location_reads_maps_and_dumps(tmp_path: Path) -> None:

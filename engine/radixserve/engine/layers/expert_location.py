@@ -7,10 +7,12 @@ holds. The placement starts trivial (slot i holds expert i mod E), or from
 `--init-expert-location` (a map, or recorded counts placed by EPLB), and `--enable-eplb`
 replaces it online (model_executor/eplb_manager.py).
 
-Dispatch (SGLang's `dynamic`, rank-invariant form): token t's choice of an expert goes to replica
-`t mod copies` of it (by token, not by (token, choice) row: with top_k = 2 a row's parity would
-pin an expert to one copy), so a replicated expert's tokens spread evenly over its copies, and
-every rank, seeing the same tokens, picks the same slots. Replicas hold the same
+Dispatch (SGLang's `dynamic`, rank-invariant form): the k-th (token, choice) row of a forward
+that chose expert e, in row order, goes to copy `k mod copies` of e. Every copy of e gets its
+share of e's rows to within one, whatever the batch looks like (numbering by token index instead
+aliases: with top_k = 2, or prompts whose tokens repeat with an even period, all of an expert's
+rows can share a parity and land on one copy), and every rank, seeing the same rows, picks the
+same slots. Replicas hold the same
 weights, so the placement changes which rank computes a row, never its value.
 """
 
@@ -25,7 +27,7 @@ import torch
 
 from radixserve.engine.configs.model_config import ModelConfig
 from radixserve.engine.configs.server_args import ServerArgs
-from radixserve.engine.layers.eplb_algorithm import place_layer
+from radixserve.engine.layers.eplb_algorithm import balancedness, place_layer, rank_loads
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +68,15 @@ class LayerPlacement:
         """[T, top_k] logical expert ids → the physical slots their rows go to."""
         if self.is_identity:
             return logical_ids
-        device = logical_ids.device
-        table, counts = self.logical_to_physical.to(device), self.num_copies.to(device)
-        tokens = torch.arange(logical_ids.shape[0], device=device)[:, None]
-        return table[logical_ids, tokens % counts[logical_ids]]
+        device, flat = logical_ids.device, logical_ids.flatten()
+        table, copies = self.logical_to_physical.to(device), self.num_copies.to(device)
+        # k-th row choosing expert e (in row order) → copy k mod copies[e]
+        order = torch.argsort(flat, stable=True)
+        chosen = torch.bincount(flat, minlength=len(copies))
+        first = torch.cumsum(chosen, 0) - chosen
+        nth = torch.empty_like(flat)
+        nth[order] = torch.arange(len(flat), device=device) - first[flat[order]]
+        return table[flat, nth % copies[flat]].view_as(logical_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +108,18 @@ class ExpertLocation:
 
     def as_tensor(self) -> torch.Tensor:
         return torch.tensor(self.physical_to_logical, dtype=torch.int64)
+
+    def estimated_balancedness(self, counts: torch.Tensor, num_ranks: int) -> float:
+        """Mean over layers with traffic of max/mean EP-rank load if loads `counts` [layers, E]
+        were dispatched here, each expert's split evenly over its copies (EPLB's model)."""
+        values = []
+        for layer_id, row in enumerate(counts.tolist()):
+            if any(row):
+                placement = self.layer(layer_id)
+                copies = placement.num_copies.tolist()
+                slots = [row[e] / copies[e] for e in placement.physical_to_logical]
+                values.append(balancedness(rank_loads(slots, num_ranks)))
+        return sum(values) / len(values) if values else 1.0
 
 
 def load_expert_location(

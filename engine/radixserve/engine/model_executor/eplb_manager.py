@@ -85,10 +85,8 @@ class EPLBManager:
         old, new = self.location.physical_to_logical, target.physical_to_logical
         self._pending = [i for i in sorted(self.blocks) if old[i] != new[i]]
         self._target = target
-        before, after = (
-            _balancedness(counts, self.location, self.ep.size),
-            _balancedness(counts, target, self.ep.size),
-        )
+        before = self.location.estimated_balancedness(counts, self.ep.size)
+        after = target.estimated_balancedness(counts, self.ep.size)
         logger.info(
             "eplb_rebalance layers=%d balancedness_before=%.3f balancedness_after=%.3f",
             len(self._pending), before, after,
@@ -117,19 +115,6 @@ class EPLBManager:
         if not self._pending:
             self.rebalances += 1
         logger.info("eplb_moved layers=%s seconds=%.4f left=%d", chunk, seconds, len(self._pending))
-
-
-def _balancedness(counts: torch.Tensor, location: ExpertLocation, num_ranks: int) -> float:
-    """Mean over layers with traffic of max/mean rank load, tokens spread evenly over copies."""
-    values = []
-    for layer_id, row in enumerate(counts.tolist()):
-        if not any(row):
-            continue
-        placement = location.layer(layer_id)
-        copies = placement.num_copies.tolist()
-        slot_loads = [row[e] / copies[e] for e in placement.physical_to_logical]
-        values.append(balancedness(rank_loads(slot_loads, num_ranks)))
-    return sum(values) / len(values) if values else 1.0
 
 
 def attach_expert_balancing(
