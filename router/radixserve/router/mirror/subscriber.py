@@ -103,10 +103,15 @@ class KVEventSubscriber:
 
     async def aclose(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
+        if task is None:
+            return
+        # Cancel until it ends: Python 3.11's asyncio.wait_for (in _replay) can swallow a
+        # cancellation that lands as its inner await completes, and the loop would run on.
+        while not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.wait([task], timeout=1.0)
+        if not task.cancelled():
+            task.result()  # an error that ended the stream surfaces here, as before
 
     # ---- the stream ---------------------------------------------------------------------------
 
