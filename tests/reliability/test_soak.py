@@ -1,5 +1,5 @@
 """`radixserve bench soak` itself, short: two tiny random-weight replicas behind the router,
-mixed traffic for 20 s, one replica SIGKILLed (its whole process tree) after 8 s and started
+mixed traffic for 14 s, one replica SIGKILLed (its whole process tree) after 6 s and started
 again. The command is run as a user runs it, and its JSON report is checked against its
 promises: nothing lost before the first byte (the router retries those), every stream that
 broke after it ended with an SSE error event and `[DONE]`, KV usage of every replica back to
@@ -37,7 +37,7 @@ def _soak(tmp: Path, model: Path, *extra: str) -> tuple[int, dict[str, Any], str
     out = tmp / "report.json"
     cmd = [
         exe, "bench", "soak", "--model-path", str(model), "--replicas", str(REPLICAS),
-        "--duration-s", "20", "--kill-every-s", "8", "--concurrency", "4",
+        "--duration-s", "14", "--kill-every-s", "6", "--concurrency", "4",
         "--max-new-tokens", "48", "--router-port", str(free_port()),
         "--engine-base-port", str(free_port_run(REPLICAS)),
         "--kv-events-base-port", str(free_port_run(2 * REPLICAS)),

@@ -190,12 +190,12 @@ def test_decode_with_a_radix_cache_is_sent_only_the_pages_it_lacks(
 
 
 def test_retractions_on_the_decode_keep_the_outputs(colocated: SchedulerCore) -> None:
-    """16 prompts into a decode pool too small for all of them: requests are retracted on the
+    """8 prompts into a decode pool too small for all of them: requests are retracted on the
     decode (and recomputed there from their tokens), the outputs stay the co-located ones."""
-    params = {"temperature": 0, "max_new_tokens": 48, "ignore_eos": True}
-    prompts = PROMPTS * 2
+    params = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
+    prompts = PROMPTS
     expected = _colocated_outputs(colocated, prompts, params)
-    p, d, port = _pair(colocated, {}, {"max_total_tokens": 640, "chunked_prefill_size": 64})
+    p, d, port = _pair(colocated, {}, {"max_total_tokens": 320, "chunked_prefill_size": 64})
     try:
         preqs, dreqs = _reqs(p, prompts, port, 700, params), _reqs(d, prompts, port, 700, params)
         for r in dreqs + preqs:
