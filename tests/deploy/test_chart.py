@@ -77,6 +77,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
             "kvOffload": {"hostRatio": 2, "storage": {"file": {"sizeGB": 2}}},
         }
     },
+    "example-pd": {"example": {"enabled": True, "name": "demo", "pd": {"prefill": 2, "decode": 3}}},
     "example-mooncake": {
         "example": {
             "enabled": True,
@@ -359,6 +360,28 @@ def test_example_mooncake_offload_gets_the_operators_master() -> None:
     assert ("Deployment", "demo-mooncake") in {(c["kind"], c["metadata"]["name"]) for c in children}
 
 
+def test_example_pd_is_the_pd_manifest_and_the_operator_renders_both_pools() -> None:
+    from radixserve.operator.builders import build_children
+    from radixserve.operator.config import OperatorConfig
+    from radixserve.operator.meta import Owner
+    from radixserve.operator.spec import parse_spec
+    from tests.deploy.render import REPO
+
+    rendered = _one(_render("example-pd"), "InferenceService", "demo")
+    manifest = load_yaml_documents(REPO / "manifests" / "examples" / "smollm2-pd.yaml")[0]
+    expected = manifest["spec"]
+    expected["prefill"]["replicas"], expected["decode"]["replicas"] = 2, 3
+    assert rendered["spec"] == expected
+    spec = parse_spec(rendered["spec"], "demo")
+    children = build_children(Owner("demo", NAMESPACE, "u"), spec, OperatorConfig())
+    replicas = {
+        c["metadata"]["name"]: c["spec"].get("replicas")
+        for c in children
+        if c["kind"] == "Deployment"
+    }
+    assert replicas["demo-prefill"] == 2 and replicas["demo-decode"] == 3
+
+
 def test_notes_name_the_namespaces() -> None:
     notes = render_files(SCENARIOS["namespaced"], name=RELEASE, namespace=NAMESPACE)
     text = next(v for k, v in notes.items() if k.endswith("NOTES.txt"))
@@ -377,6 +400,8 @@ def test_notes_name_the_namespaces() -> None:
         ({"replicas": 2}, "replicas"),
         ({"rbac": {"create": "yes"}}, "/rbac/create"),
         ({"example": {"enabled": True, "replicas": -1}}, "/example/replicas"),
+        ({"example": {"enabled": True, "pd": {"prefill": 1}}}, "/example/pd"),
+        ({"example": {"enabled": True, "pd": {"prefill": 0, "decode": 1}}}, "/example/pd/prefill"),
     ],
 )
 def test_schema_rejects_bad_values(values: dict[str, Any], field: str) -> None:
