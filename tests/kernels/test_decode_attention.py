@@ -74,3 +74,19 @@ def test_decode_rejects_heads_not_a_multiple_of_kv_heads() -> None:
     kv = paged_kv(make_pool([4], 1, torch.Generator(), "cpu"), [4], (torch.zeros(9, 2, 16),) * 2)
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         decode_attention(q, kv, 1.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_absorbed_mla_values_are_a_view_of_the_keys(
+    device: str, gen: torch.Generator
+) -> None:
+    """Absorbed MLA: one KV head of latent rows (kv_lora_rank 32 + rope 16 here; 512 + 64 at
+    DeepSeek's shapes), the value its first 32 columns as a strided view, 8 query heads."""
+    seq_lens = [1, 23, 40]
+    pool = make_pool(seq_lens, 16, gen, device)
+    latent = randn(gen, pool.num_slots, 1, 48, dtype=torch.float32, device=device)
+    kv = paged_kv(pool, seq_lens, (latent, latent[..., :32]))
+    q = randn(gen, 3, 8, 48, dtype=torch.float32, device=device)
+    got = decode_attention(q, kv, 0.125, num_kv_splits=4)
+    assert got.shape == (3, 8, 32)
+    assert_close(got, decode_attention_ref(q, kv, 0.125), torch.float32)

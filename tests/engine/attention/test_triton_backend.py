@@ -7,7 +7,8 @@ on a tiny random-weight Llama, not speed. The batch mixes what the scheduler pro
 shared prefix served from the radix cache, prompts longer than the chunk (chunked prefill,
 extends over a cached prefix) and decode steps, at page sizes 1 and 16 (MIXED forwards take
 the extend path, decodes as extends of one over their prefix; this batch does not produce
-one). The same test runs compiled on a GPU (`gpu` case).
+one). The same test runs compiled on a GPU (`gpu` case). MLA (values narrower than keys) runs
+the same way on a tiny DeepSeek-V3.
 """
 
 from __future__ import annotations
@@ -95,6 +96,20 @@ def test_triton_backend_greedy_equals_torch(tiny_folder: Path, device: str, page
     assert got == expected
     assert all(len(out) == NEW_TOKENS for out in got)
     assert cached >= 16  # the shared prefix was read from the pool through kv_indices
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_mla_greedy_equals_torch(tmp_path: Path, page_size: int) -> None:
+    """Absorbed MLA (tiny DeepSeek-V3: one 48-wide latent KV head, values its first 32
+    columns) through the Triton decode and extend kernels: the torch reference's tokens, over a
+    cached prefix and chunked prefill."""
+    save_tiny("deepseek_v3", tmp_path, seed=3)
+    args = {"page_size": page_size, "chunked_prefill_size": 16}
+    expected, _ = generate(tmp_path, "torch", "cpu", **args)
+    got, cached = generate(tmp_path, "triton", "cpu", **args)
+    assert got == expected
+    assert cached >= 16
 
 
 def test_graph_runner_padding_keeps_tokens(tiny_folder: Path) -> None:

@@ -4,7 +4,9 @@ Per forward batch, `init_forward_metadata` plans once what every layer reads: th
 KV indices (`kv_indptr` / `kv_indices`, built on the device from the batch's `kv_rows` copy of
 `req_to_token`), and for extends the new tokens' `qo_indptr`. Each layer then stores its new
 K/V with `store_kv` and runs the split-K decode kernel (DECODE) or the extend kernel (EXTEND and
-MIXED: the cached prefix through the indices, the new tokens dense and causal).
+MIXED: the cached prefix through the indices, the new tokens dense and causal). Values may be
+narrower than keys: absorbed MLA's one latent KV head (576 wide at DeepSeek's shapes), whose
+value is a view of its first kv_lora_rank columns; both kernels take a value width of their own.
 
 CUDA graphs (`cuda_graph_runner.py`): `init_cuda_graph_state` allocates static index buffers
 sized for the largest captured batch; `init_forward_metadata_replay` rewrites them in place
@@ -153,7 +155,7 @@ class TritonAttnBackend(AttentionBackend):
         self, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer, fb: ForwardBatch
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         k = k.view(-1, layer.num_kv_heads, layer.head_dim)
-        v = v.view(-1, layer.num_kv_heads, layer.head_dim)
+        v = v.view(-1, layer.num_kv_heads, layer.v_head_dim)  # MLA: the latent's first columns
         k_buf, v_buf = fb.token_to_kv_pool.get_kv_buffer(layer.layer_id)
         self._store_kv(k_buf, v_buf, fb.out_cache_loc, k, v)
         return k, v, k_buf, v_buf
@@ -183,7 +185,7 @@ class TritonAttnBackend(AttentionBackend):
             PagedKv(k_buf, v_buf, meta.kv_indptr, meta.kv_indices),
             layer.scaling,
         )
-        return out.view(-1, layer.num_heads * layer.head_dim)
+        return out.view(-1, layer.num_heads * layer.v_head_dim)
 
     def forward_decode(
         self,
@@ -204,4 +206,4 @@ class TritonAttnBackend(AttentionBackend):
             layer.scaling,
             num_kv_splits=self.num_kv_splits,
         )
-        return out.view(-1, layer.num_heads * layer.head_dim)
+        return out.view(-1, layer.num_heads * layer.v_head_dim)

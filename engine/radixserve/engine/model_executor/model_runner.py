@@ -83,7 +83,7 @@ def available_memory_bytes(device: torch.device) -> int:
 
 
 # Attention backends that take MLA's latent rows (values narrower than keys)
-MLA_BACKENDS = ("grouped", "grouped_pytorch", "torch", "torch_native")
+MLA_BACKENDS = ("grouped", "grouped_pytorch", "torch", "torch_native", "triton")
 
 
 def kv_cell_bytes(config: ModelConfig, num_kv_heads: int | None = None) -> int:
