@@ -175,7 +175,9 @@ def test_v3_mtp_layer_is_skipped_with_a_log_line(
         engine.shutdown()
 
 
-def test_gpu_only_backends_refuse_mla_clearly(tiny: Callable[[str], Tiny]) -> None:
+def test_flashinfer_refuses_mla_clearly(tiny: Callable[[str], Tiny]) -> None:
+    """FlashInfer's MLA wrapper is not wired: the refusal names the backends that take MLA
+    (triton among them: tests/engine/attention/test_triton_backend.py)."""
     t = tiny("deepseek_v2")
-    with pytest.raises(ValueError, match="MLA"):
-        t.engine.with_args(attention_backend="triton")
+    with pytest.raises(ValueError, match=r"\(MLA\) runs on .*triton"):
+        t.engine.with_args(attention_backend="flashinfer")
