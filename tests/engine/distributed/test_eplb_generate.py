@@ -25,7 +25,7 @@ import msgspec
 import pytest
 import torch
 
-from radixserve.engine.layers.eplb_algorithm import balancedness, rank_loads
+from radixserve.engine.layers.eplb_algorithm import mean_balancedness
 from tests.engine.models.tiny import save_tiny
 
 EP = {"tp_size": 2, "ep_size": 2, "dtype": "float32", "chunked_prefill_size": 32}
@@ -40,8 +40,7 @@ def skewed_prompts() -> list[list[int]]:
 def rank_balancedness(dump: dict[str, Any]) -> float:
     """Mean over MoE layers of max/mean EP-rank load, from the dispatched slots' counts."""
     slots = torch.tensor(dump["physical_count"]).sum(0)  # [layers, slots]
-    values = [balancedness(rank_loads(row, 2)) for row in slots.tolist() if any(row)]
-    return sum(values) / len(values)
+    return mean_balancedness(slots.tolist(), 2)
 
 
 @pytest.fixture(scope="module")

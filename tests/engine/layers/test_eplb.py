@@ -97,3 +97,22 @@ def test_init_expert_location_refuses_what_does_not_fit(spec: str, message: str)
     with pytest.raises(ValueError, match="init_expert_location") as err:
         load_expert_location(spec, 1, 4, 6, 2)
     assert message in str(err.value)
+
+
+def test_the_recorders_window_is_the_sum_of_its_kept_passes() -> None:
+    """/metrics reads the window on every scrape: it is kept as passes come and, past the
+    ring's size, go; it must equal the sum the dump stacks."""
+    from radixserve.engine.layers.expert_distribution import ExpertDistributionRecorder
+
+    recorder = ExpertDistributionRecorder(num_layers=2, num_experts=4, buffer_size=3)
+    recorder.start()
+    gen = torch.Generator().manual_seed(0)
+    for n in range(5):  # two more than the ring holds
+        ids = torch.randint(0, 4, (n + 2, 2), generator=gen)
+        recorder.on_select(1, ids)
+        recorder.end_pass()
+        kept, window = recorder.window()
+        assert kept == min(n + 1, 3)
+    _, physical = recorder.dump()
+    assert physical.shape[0] == 3 and torch.equal(window, physical.sum(0))
+    assert recorder.window()[0] == 0 and not recorder.window()[1].any()  # a dump resets

@@ -20,7 +20,10 @@ manager) and at start-up (`--init-expert-location`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def balanced_packing(weights: Sequence[float], num_packs: int) -> list[list[int]]:
@@ -87,13 +90,25 @@ def _place_node(
     return [experts[slots[j]] for pack in balanced_packing(shares, num_ranks) for j in pack]
 
 
+def rank_chunks(row: Sequence[T], num_ranks: int) -> list[tuple[T, ...]]:
+    """A layer's per-slot values split into each EP rank's contiguous, equal share."""
+    per_rank = len(row) // num_ranks
+    return [tuple(row[r * per_rank : (r + 1) * per_rank]) for r in range(num_ranks)]
+
+
 def rank_loads(physical_loads: Sequence[float], num_ranks: int) -> list[float]:
     """Sum of each rank's slots' loads (slots split evenly over the ranks, in order)."""
-    per_rank = len(physical_loads) // num_ranks
-    return [sum(physical_loads[r * per_rank : (r + 1) * per_rank]) for r in range(num_ranks)]
+    return [sum(chunk) for chunk in rank_chunks(physical_loads, num_ranks)]
 
 
 def balancedness(rank_load: Sequence[float]) -> float:
     """max / mean of the ranks' loads: 1.0 is perfect; the busiest rank sets the step time."""
     mean = sum(rank_load) / len(rank_load)
     return max(rank_load) / mean if mean else 1.0
+
+
+def mean_balancedness(slot_loads: Iterable[Sequence[float]], num_ranks: int) -> float:
+    """`balancedness` of each layer's slot loads over the EP ranks, averaged over the layers
+    with any load (1.0 when none has)."""
+    values = [balancedness(rank_loads(row, num_ranks)) for row in slot_loads if any(row)]
+    return sum(values) / len(values) if values else 1.0

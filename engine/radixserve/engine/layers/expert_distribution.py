@@ -47,6 +47,9 @@ class ExpertDistributionRecorder:
         self._seen = False  # a MoE layer reported in the current pass
         maxlen = None if buffer_size < 0 else buffer_size
         self._passes: deque[torch.Tensor] = deque(maxlen=maxlen)
+        # the kept passes' sum, kept as passes come and go: /metrics reads it on every scrape
+        # (on the scheduler's thread), which must not add up a thousand passes each time
+        self._total = torch.zeros_like(self._pass)
 
     def start(self) -> None:
         with self._lock:
@@ -78,17 +81,17 @@ class ExpertDistributionRecorder:
         """The forward is over: keep its counts (a pass no MoE layer saw is not kept)."""
         with self._lock:
             if self.recording and self._seen:
+                if len(self._passes) == self._passes.maxlen:
+                    self._total -= self._passes[0]  # the ring drops its oldest on append
                 self._passes.append(self._pass.clone())
+                self._total += self._pass
             self._pass.zero_()
             self._seen = False
 
     def window(self) -> tuple[int, torch.Tensor]:
         """(kept passes, their physical slots' counts summed [layers, slots]), no reset."""
         with self._lock:
-            total = self._pass.new_zeros(self._pass.shape)
-            for counts in self._passes:
-                total += counts
-            return len(self._passes), total[:, self.num_experts :]
+            return len(self._passes), self._total[:, self.num_experts :].clone()
 
     def dump(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The kept passes' counts, logical [passes, layers, experts] and physical [passes,
@@ -105,5 +108,6 @@ class ExpertDistributionRecorder:
 
     def _reset(self) -> None:
         self._passes.clear()
+        self._total.zero_()
         self._pass.zero_()
         self._seen = False

@@ -27,7 +27,7 @@ import torch
 
 from radixserve.engine.configs.model_config import ModelConfig
 from radixserve.engine.configs.server_args import ServerArgs
-from radixserve.engine.layers.eplb_algorithm import balancedness, place_layer, rank_loads
+from radixserve.engine.layers.eplb_algorithm import mean_balancedness, place_layer, rank_chunks
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +37,7 @@ class LayerPlacement:
     physical_to_logical: tuple[int, ...]
     logical_to_physical: torch.Tensor  # [E, max copies] int64, -1 past each expert's copies
     num_copies: torch.Tensor  # [E] int64, ≥ 1
+    is_identity: bool  # slot i holds expert i (no replicas): choices are slots as they are
 
     @classmethod
     def of(cls, physical_to_logical: Sequence[int], num_experts: int) -> LayerPlacement:
@@ -48,21 +49,16 @@ class LayerPlacement:
         width = max(len(c) for c in copies)
         table = torch.tensor([c + [-1] * (width - len(c)) for c in copies], dtype=torch.int64)
         counts = torch.tensor([len(c) for c in copies], dtype=torch.int64)
-        return cls(tuple(physical_to_logical), table, counts)
+        row = tuple(physical_to_logical)
+        return cls(row, table, counts, row == tuple(range(num_experts)))
 
     @property
     def num_physical(self) -> int:
         return len(self.physical_to_logical)
 
-    @property
-    def is_identity(self) -> bool:
-        """Slot i holds expert i (no replicas): choices are slots as they are."""
-        return self.physical_to_logical == tuple(range(len(self.num_copies)))
-
     def rank_slots(self, rank: int, num_ranks: int) -> tuple[int, ...]:
         """The logical experts of EP rank `rank`'s slots, in slot order."""
-        per_rank = self.num_physical // num_ranks
-        return self.physical_to_logical[rank * per_rank : (rank + 1) * per_rank]
+        return rank_chunks(self.physical_to_logical, num_ranks)[rank]
 
     def dispatch(self, logical_ids: torch.Tensor) -> torch.Tensor:
         """[T, top_k] logical expert ids → the physical slots their rows go to."""
@@ -112,14 +108,13 @@ class ExpertLocation:
     def estimated_balancedness(self, counts: torch.Tensor, num_ranks: int) -> float:
         """Mean over layers with traffic of max/mean EP-rank load if loads `counts` [layers, E]
         were dispatched here, each expert's split evenly over its copies (EPLB's model)."""
-        values = []
+        slot_loads = []
         for layer_id, row in enumerate(counts.tolist()):
             if any(row):
                 placement = self.layer(layer_id)
                 copies = placement.num_copies.tolist()
-                slots = [row[e] / copies[e] for e in placement.physical_to_logical]
-                values.append(balancedness(rank_loads(slots, num_ranks)))
-        return sum(values) / len(values) if values else 1.0
+                slot_loads.append([row[e] / copies[e] for e in placement.physical_to_logical])
+        return mean_balancedness(slot_loads, num_ranks)
 
 
 def load_expert_location(

@@ -18,12 +18,8 @@ from collections.abc import Sequence
 import torch
 
 from radixserve.engine.distributed import GroupHandle
+from radixserve.engine.layers.eplb_algorithm import rank_chunks
 from radixserve.engine.layers.moe import FusedMoE
-
-
-def _by_rank(row: Sequence[int], num_ranks: int) -> list[tuple[int, ...]]:
-    per_rank = len(row) // num_ranks
-    return [tuple(row[r * per_rank : (r + 1) * per_rank]) for r in range(num_ranks)]
 
 
 def move_experts(
@@ -31,7 +27,7 @@ def move_experts(
 ) -> None:
     """Refill this rank's slots from placement `old` to `new` (collective over `ep`, skipped
     on every rank alike when no rank needs another's expert)."""
-    before, after = _by_rank(old, ep.size), _by_rank(new, ep.size)
+    before, after = rank_chunks(old, ep.size), rank_chunks(new, ep.size)
     source: dict[int, int] = {}
     for rank in reversed(range(ep.size)):
         source.update((e, rank) for e in before[rank])  # the lowest holder wins

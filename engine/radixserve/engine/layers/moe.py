@@ -297,12 +297,11 @@ class SparseMoeBlock(nn.Module):
     def select(self, hidden: torch.Tensor) -> TopKOutput:
         """Each token's experts as physical slots (the choices and the slots reported to the
         recorder, if any)."""
-        topk = logical = self._select(hidden)
-        if self.placement is not None:
-            topk = TopKOutput(topk.weights, self.placement.dispatch(topk.ids))
-        if self.recorder is not None:
-            self.recorder.on_select(self.layer_id, logical.ids, topk.ids)
-        return topk
+        topk = self._select(hidden)
+        slots = None if self.placement is None else self.placement.dispatch(topk.ids)
+        if self.recorder is not None:  # without a placement the slots are the choices
+            self.recorder.on_select(self.layer_id, topk.ids, slots)
+        return topk if slots is None else TopKOutput(topk.weights, slots)
 
     def _select(self, hidden: torch.Tensor) -> TopKOutput:
         """The fused top-k where it implements the config's routing, else the router's."""

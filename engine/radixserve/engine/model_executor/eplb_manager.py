@@ -21,14 +21,13 @@ import logging
 import time
 
 import msgspec
-import torch
 from torch import nn
 
 from radixserve.engine.configs.model_config import ModelConfig
 from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.distributed import GroupHandle
 from radixserve.engine.ipc.messages import ExpertLoad
-from radixserve.engine.layers.eplb_algorithm import balancedness, rank_loads
+from radixserve.engine.layers.eplb_algorithm import mean_balancedness
 from radixserve.engine.layers.expert_distribution import ExpertDistributionRecorder
 from radixserve.engine.layers.expert_location import ExpertLocation, LayerPlacement
 from radixserve.engine.layers.expert_mover import move_experts
@@ -71,13 +70,8 @@ class EPLBManager:
 
     def _plan(self) -> None:
         """Place the window's counts by EPLB; queue the layers whose slots change."""
-        logical, _ = self.recorder.dump()
-        counts = (
-            logical.sum(0)
-            if len(logical)
-            else torch.zeros(self.recorder.num_layers, self.recorder.num_experts, dtype=torch.int64)
-        )
-        counts = self.ep.broadcast(counts.to(self.ep.device)).cpu()
+        logical, _ = self.recorder.dump()  # [passes, layers, E]; no pass sums to zeros
+        counts = self.ep.broadcast(logical.sum(0).to(self.ep.device)).cpu()
         if int(counts.sum()) == 0:
             return  # no traffic since the last one: nothing to balance by
         num_physical = len(self.location.physical_to_logical[0])
@@ -156,8 +150,7 @@ def expert_load(
     if recorder is None:
         return None
     passes, slots = recorder.window()
-    layers = [balancedness(rank_loads(row, ep_size)) for row in slots.tolist() if any(row)]
-    out = ExpertLoad(sum(layers) / len(layers) if layers else 1.0, passes)
+    out = ExpertLoad(mean_balancedness(slots.tolist(), ep_size), passes)
     if eplb is None:
         return out
     return msgspec.structs.replace(
