@@ -166,9 +166,11 @@ def _tiled_extends(
     return TiledExtends(members, reqs, table.to(torch.int64).contiguous())
 
 
-def _every_token_rows(fb: ForwardBatch) -> DecodeRows:
+def _every_token_rows(fb: ForwardBatch, fallback: bool = False) -> DecodeRows:
     """Every new token of an extend-like batch as a kernel row: token j of request i reads
-    the first prefix_i + j + 1 slots of row i (deterministic inference)."""
+    the first prefix_i + j + 1 slots of row i (deterministic inference, a verify's drafts).
+    `fallback`: also lay out the PyTorch path's slots and mask ([T, L]: small batches only),
+    for where the kernel does not take the tensors."""
     kv_row: list[int] = []
     kv_len: list[int] = []
     for i, (prefix, ext) in enumerate(
@@ -178,26 +180,43 @@ def _every_token_rows(fb: ForwardBatch) -> DecodeRows:
         kv_len += range(prefix + 1, prefix + ext + 1)
     device = fb.seq_lens.device
     tokens = torch.arange(len(kv_row), dtype=torch.int64, device=device)
-    empty = torch.empty(0, dtype=torch.bool, device=device)
+    req_index = torch.tensor(kv_row, dtype=torch.int64, device=device)
+    lens = torch.tensor(kv_len, dtype=torch.int64, device=device)
+    max_len = max(kv_len, default=0)
+    slots = fb.req_kv_rows(max(fb.seq_lens_cpu))
+    flat, mask = tokens, torch.empty(0, dtype=torch.bool, device=device)
+    if fallback:  # each token's row of slots, cut at its own length
+        mine = slots[req_index, :max_len]
+        valid = torch.arange(max_len, device=device)[None, :] < lens[:, None]
+        flat = torch.where(valid, mine, torch.zeros_like(mine)).reshape(-1)
+        mask = valid[:, None, None, :]
     return DecodeRows(
-        req_index=torch.tensor(kv_row, dtype=torch.int64, device=device),
+        req_index=req_index,
         token_index=tokens,
-        slots=fb.req_kv_rows(max(fb.seq_lens_cpu)),
-        seq_lens=torch.tensor(kv_len, dtype=torch.int64, device=device),
-        flat_slots=tokens,  # unused: the kernel reads `slots` (no PyTorch fallback here)
-        max_len=max(kv_len, default=0),
-        mask=empty,
+        slots=slots,
+        seq_lens=lens,
+        flat_slots=flat,  # without `fallback` unused: the kernel reads `slots`
+        max_len=max_len,
+        mask=mask,
     )
 
 
 def build_metadata(
-    fb: ForwardBatch, deterministic: bool = False, tiled: bool = False, groups: bool = True
+    fb: ForwardBatch,
+    deterministic: bool = False,
+    tiled: bool = False,
+    groups: bool = True,
+    kernel_rows: bool = False,
 ) -> ForwardMetadata:
     """`tiled`: the kernel's tiled entry will attend the extend rows outside prefix groups
     (CPU tensors only; their SDPA masks are then not built). `groups`: look for extends
-    sharing a cached prefix (CPU tensors only)."""
-    if deterministic and not fb.forward_mode.is_decode():
-        return ForwardMetadata(_every_token_rows(fb), ())
+    sharing a cached prefix (CPU tensors only). `kernel_rows`: the kernel will take the rows
+    of a speculative verify (CPU tensors)."""
+    # A verify's every token is a kernel row, as each would be when decoded one at a time:
+    # the drafts a greedy decode would have made are accepted with the same logits' argmax.
+    verify = kernel_rows and fb.forward_mode.is_target_verify()
+    if (deterministic or verify) and not fb.forward_mode.is_decode():
+        return ForwardMetadata(_every_token_rows(fb, fallback=verify), ())
     if fb.forward_mode.is_decode():
         rows = list(range(fb.batch_size))
         return ForwardMetadata(_decode_rows(fb, rows, rows), ())
@@ -263,8 +282,13 @@ class GroupedAttnBackend(AttentionBackend):
         self._meta: ForwardMetadata | None = None
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
-        meta = build_metadata(forward_batch, self._deterministic, self._tiled, self._groups)
-        if self._kernel is None or not self._kernel.has_shared or self._deterministic:
+        on_cpu = forward_batch.seq_lens.device.type == "cpu"
+        kernel_rows = self._kernel is not None and on_cpu
+        meta = build_metadata(
+            forward_batch, self._deterministic, self._tiled, self._groups, kernel_rows
+        )
+        verify = forward_batch.forward_mode.is_target_verify()
+        if self._kernel is None or not self._kernel.has_shared or self._deterministic or verify:
             self._meta = meta
             return
         if meta.prefix_groups:

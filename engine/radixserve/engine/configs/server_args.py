@@ -10,15 +10,13 @@ import json
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from radixserve.config_options import check_choices, option
 from radixserve.engine.configs.cpu_features import check_cpu_bind, cpu_has_bf16
+from radixserve.engine.configs.model_checks import check_flag as _check
 from radixserve.logging_setup import LOG_FORMATS, LOG_LEVELS
 from radixserve.protocol.kv_events import EVENT_FORMATS
-
-if TYPE_CHECKING:  # model_config imports torch: the router's CLI parses engine flags too
-    from radixserve.engine.configs.model_config import ModelConfig
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")  # scheduler.schedule_policy
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -33,6 +31,9 @@ LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue")  # tokenizer.data_paral
 DISAGGREGATION_MODES = ("null", "prefill", "decode")  # SGLang's --disaggregation-mode
 TRANSFER_BACKENDS = ("mooncake", "nixl", "fake")  # disaggregation.transfer
 GRAMMAR_BACKENDS = ("xgrammar", "none")
+SPECULATIVE_ALGORITHMS = ("NGRAM",)  # scheduler.speculative
+NGRAM_DRAFT_TOKENS = 8  # --speculative-num-draft-tokens's default for NGRAM
+MAX_DRAFT_TOKENS = 64
 EXPERT_RECORDER_MODES = ("stat",)  # --expert-distribution-recorder-mode (SGLang's stat mode)
 # HiCache (mem_cache/hiradix_cache.py, docs/hicache.md): SGLang's flag names and choices
 HICACHE_WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
@@ -297,6 +298,27 @@ class ServerArgs:
     eplb_rebalance_layers_per_chunk: int | None = option(
         None, "layers whose experts move after each forward pass during a rebalance (all)"
     )
+    # speculative decoding (speculative/, docs/speculative_decoding.md): SGLang's flag names
+    speculative_algorithm: str | None = option(
+        None,
+        "draft tokens and verify them in one forward: NGRAM (off by default)",
+        choices=SPECULATIVE_ALGORITHMS,
+    )
+    speculative_num_draft_tokens: int | None = option(
+        None, f"tokens per verify: the last sampled one plus drafts (NGRAM: {NGRAM_DRAFT_TOKENS})"
+    )
+    speculative_ngram_min_match_window_size: int = option(
+        1, "NGRAM: the shortest context suffix looked up"
+    )
+    speculative_ngram_max_match_window_size: int = option(
+        12, "NGRAM: the longest context suffix looked up (the longest match wins)"
+    )
+    speculative_ngram_capacity: int = option(
+        1_000_000, "NGRAM: tokens of recent requests kept to draft from (oldest dropped)"
+    )
+    speculative_disable_by_batch_size: int | None = option(
+        None, "decode without drafts while this many requests or more run (default: never)"
+    )
     # structured outputs (docs/structured_outputs.md)
     grammar_backend: str = option(
         "xgrammar",
@@ -443,6 +465,46 @@ class ServerArgs:
             graph_bs is None or graph_bs >= 1, "cuda_graph_max_bs", f"must be ≥ 1, got {graph_bs}"
         )
         self._check_deterministic()
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        if self.speculative_algorithm is None:
+            return
+        name = "speculative_algorithm"
+        _check(not self.enable_dp_attention, name, "does not run with --enable-dp-attention")
+        _check(
+            self.disaggregation_mode != "prefill",
+            name,
+            "a prefill server samples one token per request: nothing to speculate",
+        )
+        n = self.draft_tokens
+        _check(
+            2 <= n <= MAX_DRAFT_TOKENS,
+            "speculative_num_draft_tokens",
+            f"must be in [2, {MAX_DRAFT_TOKENS}] (the last token plus 1 or more drafts), got {n}",
+        )
+        low = self.speculative_ngram_min_match_window_size
+        high = self.speculative_ngram_max_match_window_size
+        _check(low >= 1, "speculative_ngram_min_match_window_size", f"must be ≥ 1, got {low}")
+        _check(
+            high >= low,
+            "speculative_ngram_max_match_window_size",
+            f"must be ≥ the min match window size {low}, got {high}",
+        )
+        cap = self.speculative_ngram_capacity
+        _check(cap >= 1, "speculative_ngram_capacity", f"must be ≥ 1, got {cap}")
+        off = self.speculative_disable_by_batch_size
+        _check(
+            off is None or off >= 1,
+            "speculative_disable_by_batch_size",
+            f"must be ≥ 1, got {off}",
+        )
+
+    @property
+    def draft_tokens(self) -> int:
+        """Tokens per request in one verify (the last sampled token plus its drafts)."""
+        n = self.speculative_num_draft_tokens
+        return NGRAM_DRAFT_TOKENS if n is None else n
 
     def _check_deterministic(self) -> None:
         """Deterministic inference exists for the CPU's grouped backend in bfloat16 or
@@ -623,6 +685,8 @@ class ServerArgs:
         without it: each step's token counts are agreed before its forward."""
         if self.enable_dp_attention or self.disaggregation_mode != "null":
             return False  # disaggregation: its queues hook the non-overlapped loop
+        if self.speculative_algorithm is not None:
+            return False  # a verify's next input is only known once it was accepted
         if self.disable_overlap_schedule is None:
             return self.device != "cpu"
         return not self.disable_overlap_schedule
@@ -671,71 +735,3 @@ class ServerArgs:
         if unknown:
             raise ValueError(f"unknown engine argument(s): {unknown}")
         return cls(**kwargs)
-
-
-def check_tp_layout(config: ModelConfig, tp_size: int, dp_attention: bool = False) -> None:
-    """Refuse a TP size the model's heads cannot be split over (ValueError naming tp_size):
-    attention heads must divide evenly; KV heads must divide evenly, or divide tp_size (then
-    each KV head is replicated on tp_size / num_kv_heads ranks). Under DP attention the heads
-    are split over the attention-TP size (`ServerArgs.attn_tp_size`), which is what is passed."""
-    heads, kv = config.num_attention_heads, config.num_key_value_heads
-    split = (
-        f"tp_size / dp_size = {tp_size} (DP attention)" if dp_attention else f"tp_size {tp_size}"
-    )
-    _check(
-        heads % tp_size == 0,
-        "tp_size",
-        f"the model's {heads} attention heads are not divisible by {split}",
-    )
-    ok = kv % tp_size == 0 if kv >= tp_size else tp_size % kv == 0
-    _check(
-        ok,
-        "tp_size",
-        f"the model's {kv} KV heads can be neither split nor replicated over {split} "
-        "(one must divide the other)",
-    )
-
-
-def check_mlp_layout(config: ModelConfig, tp_size: int) -> None:
-    """Under DP attention the MLPs span the whole TP group: their intermediate sizes must split
-    evenly over it (ValueError naming tp_size)."""
-    sizes = [config.intermediate_size]
-    if config.moe is not None:
-        sizes.append(config.moe.shared_expert_intermediate_size or 0)
-    for size in sizes:
-        _check(
-            size % tp_size == 0,
-            "tp_size",
-            f"the model's MLP intermediate size {size} is not divisible by tp_size {tp_size}",
-        )
-
-
-def check_ep_layout(config: ModelConfig, ep_size: int, redundant: int = 0) -> None:
-    """Refuse an EP size the model's experts (plus `redundant` EPLB slots) cannot be split
-    over (ValueError naming the flag)."""
-    if ep_size == 1:
-        return
-    _check(config.moe is not None, "ep_size", f"{ep_size} needs a MoE model; this one is dense")
-    experts = config.moe.num_experts if config.moe is not None else 0
-    _check(
-        (experts + redundant) % ep_size == 0,
-        "ep_num_redundant_experts" if redundant else "ep_size",
-        f"the model's {experts} experts + {redundant} redundant slots are not divisible by "
-        f"ep_size {ep_size}",
-    )
-
-
-def check_devices(args: ServerArgs, num_cuda_devices: int) -> None:
-    """On CUDA each rank needs its own device (ValueError naming tp_size)."""
-    if args.device.startswith("cuda"):
-        _check(
-            args.num_ranks <= num_cuda_devices,
-            "tp_size",
-            f"{args.num_ranks} ranks need {args.num_ranks} CUDA devices, "
-            f"{num_cuda_devices} visible",
-        )
-
-
-def _check(ok: bool, name: str, message: str) -> None:
-    if not ok:
-        raise ValueError(f"{name}: {message}")

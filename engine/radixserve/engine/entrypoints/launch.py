@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from radixserve.engine.configs.server_args import (
-    ServerArgs,
+from radixserve.engine.configs.model_checks import (
     check_devices,
     check_ep_layout,
     check_mlp_layout,
     check_tp_layout,
 )
+from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.distributed import RankSpec
 from radixserve.engine.entrypoints.process_utils import configure_child_logging, die_with_parent
 from radixserve.engine.ipc.channels import PortArgs

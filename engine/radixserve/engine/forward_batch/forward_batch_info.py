@@ -26,6 +26,9 @@ class ForwardMode(Enum):
     DECODE = auto()  # one new token per request
     MIXED = auto()  # a prefill chunk plus running decodes in one forward
     IDLE = auto()  # nothing to compute on this rank (DP attention keeps ranks in step)
+    # speculative decoding: each request's last token and its drafts as one extend, logits
+    # at every position (attention sees it as an extend; the scheduler as a decode step)
+    TARGET_VERIFY = auto()
 
     def is_decode(self) -> bool:
         return self is ForwardMode.DECODE
@@ -35,6 +38,9 @@ class ForwardMode(Enum):
 
     def is_idle(self) -> bool:
         return self is ForwardMode.IDLE
+
+    def is_target_verify(self) -> bool:
+        return self is ForwardMode.TARGET_VERIFY
 
 
 class AttentionLayer(Protocol):

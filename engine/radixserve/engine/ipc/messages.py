@@ -148,6 +148,18 @@ class ExpertLoad(_Msg, frozen=True):
     max_move_seconds: float = 0.0  # the longest single chunk: the pause it added to one step
 
 
+class SpecLoad(_Msg, frozen=True):
+    """Speculative decoding on one DP rank since start (scheduler/speculation.py)."""
+
+    verify_steps: int  # forward steps that verified drafts
+    verified_reqs: int  # request-steps with drafts
+    proposed_drafts: int
+    accepted_drafts: int
+    draft_seconds: float  # looking drafts up
+    verify_seconds: float  # the verify steps, forward and acceptance
+    accept_length_counts: list[int]  # [n]: request-steps that emitted n tokens
+
+
 class LoadOutput(_Msg, frozen=True):
     dp_rank: int
     num_running_reqs: int
@@ -169,6 +181,7 @@ class LoadOutput(_Msg, frozen=True):
     bootstrap_failed_total: int = 0  # rooms refused or lost at bootstrap
     hicache: HiCacheLoad | None = None  # --enable-hierarchical-cache only
     experts: ExpertLoad | None = None  # the expert recorder or EPLB only
+    spec: SpecLoad | None = None  # --speculative-algorithm only
 
 
 class StateOutput(_Msg, frozen=True):

@@ -1,5 +1,6 @@
-"""LogitsProcessor: picks the hidden state of each request's last new token and applies the
-LM head. Logits are returned in float32 whatever the model dtype, for stable sampling.
+"""LogitsProcessor: picks the hidden state of each request's last new token (of every token
+in a speculative verify) and applies the LM head. Logits are returned in float32 whatever the
+model dtype, for stable sampling.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ class LogitsProcessor(nn.Module):
     def forward(
         self, hidden: torch.Tensor, lm_head: ParallelLMHead, forward_batch: ForwardBatch
     ) -> LogitsProcessorOutput:
-        """hidden: [T, hidden] for all new tokens of the batch."""
-        if forward_batch.forward_mode.is_decode():
+        """hidden: [T, hidden] for all new tokens of the batch. A verify's logits are those of
+        every position ([T, V]: each draft is checked against its own)."""
+        mode = forward_batch.forward_mode
+        if mode.is_decode() or mode.is_target_verify():
             last = hidden
         else:
             ends = torch.tensor(forward_batch.extend_seq_lens_cpu, device=hidden.device).cumsum(0)

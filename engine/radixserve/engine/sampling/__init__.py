@@ -5,7 +5,14 @@ Re-exports the public names of `sampling_params`, `sampling_batch_info` and `sam
 
 from __future__ import annotations
 
-from .sampler import SampleOutput, Sampler, make_generator
+from .sampler import (
+    SampleOutput,
+    Sampler,
+    draw_from_cdf,
+    filtered_probs,
+    make_generator,
+    top_logprobs_of,
+)
 from .sampling_batch_info import SamplingBatchInfo, SamplingRow
 from .sampling_params import SamplingParams
 
@@ -15,5 +22,8 @@ __all__ = [
     "SamplingBatchInfo",
     "SamplingParams",
     "SamplingRow",
+    "draw_from_cdf",
+    "filtered_probs",
     "make_generator",
+    "top_logprobs_of",
 ]

@@ -57,13 +57,13 @@ class Sampler:
         if info.is_all_greedy:
             next_ids = processed.argmax(dim=-1)
         else:
-            probs, ids = _filtered(processed, info)
+            probs, ids = filtered_probs(processed, info)
             next_ids = _sample_rows(probs, ids, processed, info)
         chosen = raw_logprobs.gather(1, next_ids.unsqueeze(1)).squeeze(1)
         return SampleOutput(
             next_token_ids=next_ids,
             logprobs=chosen,
-            top_logprobs=_top_logprobs(raw_logprobs, top_logprobs_nums),
+            top_logprobs=top_logprobs_of(raw_logprobs, top_logprobs_nums),
         )
 
 
@@ -89,7 +89,7 @@ def _greedy_fast_path(logits: torch.Tensor) -> SampleOutput:
 CANDIDATES = 1024
 
 
-def _filtered(
+def filtered_probs(
     logits: torch.Tensor, info: SamplingBatchInfo
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Temperature-scaled probabilities with top-k, top-p and min-p applied (unnormalised: the
@@ -182,19 +182,27 @@ def _sample_rows(
     for i, greedy in enumerate(info.greedy_rows):
         if greedy:
             continue
-        row = cdf[i]
-        total = row[-1:]
-        u = torch.rand(1, generator=info.generators[i], device=row.device, dtype=row.dtype)
-        if not bool(torch.isfinite(total).all() and (total > 0).all()):
+        at = draw_from_cdf(cdf[i], info.generators[i])
+        if at is None:
             continue  # nothing left to draw from (a degenerate row): its argmax, never a crash
-        at = torch.searchsorted(row, u * total, right=True)
-        # u * total may round up to the total: stay on the last id with probability > 0.
-        at = torch.minimum(at, torch.searchsorted(row, total)).clamp_(max=row.numel() - 1)
-        next_ids[i] = at[0] if ids is None else ids[i, at[0]]
+        next_ids[i] = at if ids is None else ids[i, at]
     return next_ids
 
 
-def _top_logprobs(
+def draw_from_cdf(cdf: torch.Tensor, generator: torch.Generator | None) -> int | None:
+    """The index one uniform number from `generator` picks in the cumulative (unnormalised)
+    distribution `cdf` [N], or None where the row holds no probability."""
+    total = cdf[-1:]
+    u = torch.rand(1, generator=generator, device=cdf.device, dtype=cdf.dtype)
+    if not bool(torch.isfinite(total).all() and (total > 0).all()):
+        return None
+    at = torch.searchsorted(cdf, u * total, right=True)
+    # u * total may round up to the total: stay on the last id with probability > 0.
+    at = torch.minimum(at, torch.searchsorted(cdf, total)).clamp_(max=cdf.numel() - 1)
+    return int(at[0])
+
+
+def top_logprobs_of(
     logprobs: torch.Tensor, nums: list[int] | None
 ) -> list[list[tuple[float, int]]] | None:
     if not nums or max(nums) <= 0:

@@ -23,8 +23,10 @@ from radixserve.engine.sampling import SampleOutput
 from radixserve.engine.scheduler.grammar_queue import PendingMask
 from radixserve.engine.scheduler.req import Req
 from radixserve.engine.scheduler.schedule_batch import ScheduleBatch
+from radixserve.engine.speculative import VerifyOutput
 
-ForwardFn = Callable[[torch.Tensor], SampleOutput]  # resolved input ids → sampled output
+StepOutput = SampleOutput | VerifyOutput  # one token per request, or a verify's accepted run
+ForwardFn = Callable[[torch.Tensor], StepOutput]  # resolved input ids → sampled output
 STOP_TIMEOUT_S = 60.0  # longer than any forward; a stuck one is logged, not waited on forever
 
 logger = logging.getLogger(__name__)
@@ -72,7 +74,7 @@ class InflightBatch:
     reqs: list[Req]
     samples: list[bool]  # False: a chunk that is not the request's last (no token)
     retractions: list[int]  # retraction counts at launch: a retracted request's token is void
-    result: Future[SampleOutput] = field(default_factory=Future)
+    result: Future[StepOutput] = field(default_factory=Future)
     vocab_mask: PendingMask | None = None  # constrained rows: the bitmask the sampler awaits
 
 
@@ -82,13 +84,13 @@ class ForwardWorker:
     def __init__(self, future_map: FutureMap) -> None:
         self.future_map = future_map
         self._queue: queue.Queue[
-            tuple[ForwardFn, torch.Tensor, list[int], Future[SampleOutput]] | None
+            tuple[ForwardFn, torch.Tensor, list[int], Future[StepOutput]] | None
         ] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="forward-worker", daemon=True)
         self._thread.start()
 
     def submit(
-        self, fn: ForwardFn, input_ids: torch.Tensor, slots: list[int], fut: Future[SampleOutput]
+        self, fn: ForwardFn, input_ids: torch.Tensor, slots: list[int], fut: Future[StepOutput]
     ) -> None:
         self._queue.put((fn, input_ids, slots, fut))
 

@@ -1,8 +1,9 @@
 """ScheduleBatch: the scheduler's CPU-side view of one batch, and its memory bookkeeping.
 
-`prepare_for_extend` / `prepare_for_decode` take ReqToTokenPool rows and KV slots for the
-requests (evicting from the prefix cache when the allocator runs dry) and lay out the flat
-input ids / positions / output slots; `to_forward_batch` turns that into device tensors.
+`prepare_for_extend` / `prepare_for_decode` / `prepare_for_verify` take ReqToTokenPool rows and
+KV slots for the requests (evicting from the prefix cache when the allocator runs dry) and lay
+out the flat input ids / positions / output slots; `to_forward_batch` turns that into device
+tensors.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class ScheduleBatch:
     extend_lens: list[int] = field(default_factory=list)
     seq_lens: list[int] = field(default_factory=list)
     decoding_reqs: list[Req] = field(default_factory=list)  # MIXED: the running decodes
+    drafts: list[list[int]] | None = None  # TARGET_VERIFY: each request's draft tokens
 
     @property
     def batch_size(self) -> int:
@@ -88,6 +90,7 @@ class ScheduleBatch:
     def prepare_for_extend(self) -> None:
         """Rows + slots for every request's [len(prefix_indices), len(fill_ids))."""
         self.forward_mode = ForwardMode.EXTEND
+        self.drafts = None
         reqs = self.reqs
         new = [r for r in reqs if r.req_pool_idx is None]
         for r, row in zip(new, self.kv.alloc_rows(len(new)), strict=True):
@@ -115,6 +118,7 @@ class ScheduleBatch:
     def prepare_for_decode(self) -> None:
         """One slot per request for the last sampled token, which becomes the input."""
         self.forward_mode = ForwardMode.DECODE
+        self.drafts = None
         reqs = self.reqs
         self.prefix_lens = [r.seqlen - 1 for r in reqs]
         self.seq_lens = [r.seqlen for r in reqs]
@@ -130,6 +134,29 @@ class ScheduleBatch:
             r.kv_allocated_len = r.seqlen
         self.input_ids = [r.last_token() for r in reqs]
         self.positions = list(self.prefix_lens)
+
+    def prepare_for_verify(self, drafts: list[list[int]]) -> None:
+        """Speculative decoding: each request's last token and its drafts as one extend over
+        its KV (slots for all of them; the scheduler frees the rejected ones afterwards)."""
+        self.forward_mode = ForwardMode.TARGET_VERIFY
+        self.drafts = drafts
+        reqs = self.reqs
+        self.prefix_lens = [r.seqlen - 1 for r in reqs]
+        self.extend_lens = [len(d) + 1 for d in drafts]
+        self.seq_lens = [p + e for p, e in zip(self.prefix_lens, self.extend_lens, strict=True)]
+        slots = self.kv.alloc_slots(
+            self.prefix_lens, self.seq_lens, self._last_locs(reqs, self.prefix_lens)
+        )
+        self.out_cache_loc = slots
+        pool = self.kv.req_to_token_pool
+        self.input_ids, self.positions, start = [], [], 0
+        for r, p, e, d in zip(reqs, self.prefix_lens, self.extend_lens, drafts, strict=True):
+            assert r.req_pool_idx is not None
+            pool.write(r.req_pool_idx, p, slots[start : start + e])
+            start += e
+            r.kv_allocated_len = p + e
+            self.input_ids += [r.last_token(), *d]
+            self.positions += range(p, p + e)
 
     def mix_with_running(self, running: ScheduleBatch) -> None:
         """Append a decode-prepared batch as extends of length 1 (forward mode MIXED)."""

@@ -13,6 +13,7 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import Future
+from dataclasses import replace
 from functools import partial
 
 from radixserve.engine.configs.server_args import ServerArgs
@@ -24,7 +25,7 @@ from radixserve.engine.mem_cache.base_prefix_cache import BasePrefixCache
 from radixserve.engine.mem_cache.radix_cache import RadixCache
 from radixserve.engine.model_executor.model_runner import ModelRunner
 from radixserve.engine.model_executor.model_worker import GenerationBatch, ModelWorker
-from radixserve.engine.sampling import SamplingBatchInfo
+from radixserve.engine.sampling import SamplingBatchInfo, SamplingRow
 from radixserve.engine.scheduler.disagg import make_disagg
 from radixserve.engine.scheduler.disagg_decode import DecodeDisagg
 from radixserve.engine.scheduler.disagg_prefill import PrefillDisagg
@@ -41,7 +42,9 @@ from radixserve.engine.scheduler.req import Req
 from radixserve.engine.scheduler.retraction import NewTokenRatio, retract_decode
 from radixserve.engine.scheduler.schedule_batch import KVContext, ScheduleBatch
 from radixserve.engine.scheduler.schedule_policy import SchedulePolicy
+from radixserve.engine.scheduler.speculation import Speculator
 from radixserve.engine.scheduler.tree_cache_setup import hicache_load, make_tree_cache
+from radixserve.engine.speculative import VerifyOutput
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +92,8 @@ class Scheduler:
         self.pd: PrefillDisagg | DecodeDisagg | None = make_disagg(self, args, runner)
         # constrained requests wait here until their grammar compiled
         self.grammars = GrammarQueue(grammar_backend, runner.groups.attn_cpu)
+        # --speculative-algorithm: drafts for decode steps, verified in one forward
+        self.spec = Speculator(args, self.kv) if args.speculative_algorithm else None
 
     @property
     def tree_cache(self) -> BasePrefixCache:
@@ -273,6 +278,11 @@ class Scheduler:
     def update_running_batch(self) -> ScheduleBatch:
         batch = self.running_batch
         batch.filter_batch()
+        drafts = self.spec.propose(batch.reqs) if self.spec is not None else None
+        if drafts is not None and self.spec is not None and self.spec.fits(batch.reqs, drafts):
+            self.ratio.decay()
+            batch.prepare_for_verify(drafts)  # where the slots do not fit: a plain decode
+            return batch
         if not self._decode_mem_ok(batch):
             retracted = retract_decode(batch, self.tree_cache, self._decode_mem_ok)
             self.total_retractions += len(retracted)
@@ -384,20 +394,27 @@ class Scheduler:
         self, batch: ScheduleBatch, dp_meta: DpAttentionMeta | None, mask: PendingMask | None
     ) -> GenerationBatch:
         runner = self.runner
-        info = SamplingBatchInfo.build(
-            [r.sampling_row() for r in batch.reqs], runner.model_config.vocab_size, runner.device
-        )
+        rows = [r.sampling_row() for r in batch.reqs]
         nums = [r.top_logprobs_num for r in batch.reqs]
+        if batch.drafts is not None:  # a verify: a row per position
+            rows = _verify_rows(rows, batch.drafts)
+            nums = [n for n, d in zip(nums, batch.drafts, strict=True) for _ in range(len(d) + 1)]
+            assert self.spec is not None
+            self.spec.on_launch()
+        info = SamplingBatchInfo.build(rows, runner.model_config.vocab_size, runner.device)
         return GenerationBatch(
             batch.to_forward_batch(runner.device, runner.attn_backend, dp_meta),
             info,
             nums if any(nums) else None,
             None if mask is None else mask.future,
+            batch.drafts,
         )
 
     def _process_oldest(self) -> list[Req]:
         rec = self.inflight.popleft()
         out = rec.result.result()
+        if isinstance(out, VerifyOutput):
+            return self._process_verify(rec, out)
         ids, logprobs = out.next_token_ids.tolist(), out.logprobs.tolist()
         extend = rec.batch.forward_mode.is_extend_like()
         updated: list[Req] = []
@@ -422,6 +439,31 @@ class Scheduler:
                 self.tree_cache.cache_finished_req(req)
             elif extend and req not in rec.batch.decoding_reqs:
                 self.tree_cache.cache_unfinished_req(req)
+            updated.append(req)
+        return updated
+
+    def _process_verify(self, rec: InflightBatch, out: VerifyOutput) -> list[Req]:
+        """A verify's tokens, appended one by one as decodes would have been (a request that
+        finishes on one drops the rest); then its rejected KV is freed."""
+        assert self.spec is not None and rec.batch.drafts is not None
+        self.spec.on_verified(rec.batch.drafts, out)
+        updated: list[Req] = []
+        for i, req in enumerate(rec.reqs):
+            req.num_inflight -= 1
+            if req.finished():
+                continue
+            for j, token in enumerate(out.tokens[i]):
+                req.output_ids.append(token)
+                if req.return_logprob:
+                    req.output_token_logprobs.append(out.logprobs[i][j])
+                    if out.top_logprobs is not None:
+                        req.output_top_logprobs.append(out.top_logprobs[i][j])
+                req.check_finished()
+                if req.finished():
+                    break
+            self.spec.commit(req)
+            if req.finished():
+                self.tree_cache.cache_finished_req(req)
             updated.append(req)
         return updated
 
@@ -503,6 +545,7 @@ class Scheduler:
             token_usage=used / self.max_total_tokens,
             hicache=hicache_load(self.tree_cache),
             experts=self.runner.expert_load(),
+            spec=self.spec.load() if self.spec is not None else None,
             **(self.pd.load_fields() if self.pd is not None else {}),  # type: ignore[arg-type]
         )
 
@@ -526,6 +569,17 @@ class Scheduler:
         total = free + self.tree_cache.evictable_size() + self.tree_cache.protected_size()
         if total != self.max_total_tokens:
             raise RuntimeError(f"KV leak: free {free} + cached ≠ pool {self.max_total_tokens}")
+
+
+def _verify_rows(rows: list[SamplingRow], drafts: list[list[int]]) -> list[SamplingRow]:
+    """Row j of a request in a verify: the request as if its first j drafts were accepted,
+    so penalties and min-new-tokens see the outputs they would have seen one token at a
+    time."""
+    return [
+        replace(row, output_ids=[*row.output_ids, *draft[:j]])
+        for row, draft in zip(rows, drafts, strict=True)
+        for j in range(len(draft) + 1)
+    ]
 
 
 def _stamp_queue_time(admitted: list[Req]) -> None:

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from radixserve.engine.configs.server_args import ServerArgs, check_tp_layout
+from radixserve.engine.configs.model_checks import check_tp_layout
+from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.constrained import (
     THINK_END,
     BaseGrammarBackend,

@@ -1,0 +1,132 @@
+"""The scheduler's side of speculative decoding (--speculative-algorithm NGRAM).
+
+Before a decode step, `Speculator.propose` looks up drafts for the running requests; where any
+request has some (and their KV slots fit), the step is a verify (`prepare_for_verify`) instead
+of a decode. After it, `commit` keeps the KV of what was accepted and frees the rejected slots
+at once, so the pool, the radix cache and a later retraction only ever see accepted tokens.
+
+Requests that cannot be verified exactly get no drafts and decode as before in the same
+forward (an extend of one token): constrained ones (their grammar would have to advance
+through the drafts to mask each position).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.ipc.messages import SpecLoad
+from radixserve.engine.scheduler.req import Req
+from radixserve.engine.scheduler.schedule_batch import KVContext
+from radixserve.engine.speculative import NgramConfig, NgramCorpus, VerifyOutput
+
+
+@dataclass(slots=True)
+class SpecStats:
+    """Counters since start (SpecLoad on /metrics)."""
+
+    verify_steps: int = 0
+    verified_reqs: int = 0  # request-steps that had drafts
+    proposed_drafts: int = 0
+    accepted_drafts: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    # accept_length_counts[n]: request-steps that emitted n tokens (n − 1 accepted drafts)
+    accept_length_counts: list[int] = field(default_factory=list)
+
+
+class Speculator:
+    """NGRAM drafts for a scheduler's running requests, and the KV bookkeeping of a verify."""
+
+    def __init__(self, args: ServerArgs, kv: KVContext) -> None:
+        self.kv = kv
+        self.num_drafts = args.draft_tokens - 1
+        self.off_at = args.speculative_disable_by_batch_size
+        self.corpus = NgramCorpus(
+            NgramConfig(
+                args.speculative_ngram_min_match_window_size,
+                args.speculative_ngram_max_match_window_size,
+                args.speculative_ngram_capacity,
+            )
+        )
+        self.stats = SpecStats(accept_length_counts=[0] * (args.draft_tokens + 1))
+        self._launched_at = 0.0
+
+    def propose(self, reqs: list[Req]) -> list[list[int]] | None:
+        """Each request's drafts, or None when no request has any (or the batch is at least
+        --speculative-disable-by-batch-size): then the step is a plain decode."""
+        if self.off_at is not None and len(reqs) >= self.off_at:
+            return None
+        start = time.perf_counter()
+        drafts = [self._draft(r) for r in reqs]
+        self.stats.draft_seconds += time.perf_counter() - start
+        return drafts if any(drafts) else None
+
+    def _draft(self, req: Req) -> list[int]:
+        ids = req.full_ids()
+        self.corpus.sync(req.rid, ids)
+        if req.grammar is not None:
+            return []
+        # drafts beyond max_new_tokens could never be emitted: the bonus token comes after them
+        room = req.sampling_params.max_new_tokens - len(req.output_ids) - 1
+        return self.corpus.propose(ids, min(self.num_drafts, room)) if room > 0 else []
+
+    def fits(self, reqs: list[Req], drafts: list[list[int]]) -> bool:
+        """Whether the pool has the verify's slots (after evicting cached prefixes)."""
+        ps = self.kv.allocator.page_size
+        need = (
+            sum(
+                _pages(r.seqlen + len(d), ps) - _pages(r.seqlen - 1, ps)
+                for r, d in zip(reqs, drafts, strict=True)
+            )
+            * ps
+        )
+        if self.kv.allocator.available_size() < need:
+            self.kv.tree_cache.evict(need)
+        return self.kv.allocator.available_size() >= need
+
+    def on_launch(self) -> None:
+        self._launched_at = time.perf_counter()
+
+    def on_verified(self, drafts: list[list[int]], out: VerifyOutput) -> None:
+        stats = self.stats
+        stats.verify_seconds += time.perf_counter() - self._launched_at
+        stats.verify_steps += 1
+        for draft, tokens in zip(drafts, out.tokens, strict=True):
+            if not draft:
+                continue
+            stats.verified_reqs += 1
+            stats.proposed_drafts += len(draft)
+            stats.accepted_drafts += len(tokens) - 1
+            stats.accept_length_counts[len(tokens)] += 1
+
+    def commit(self, req: Req) -> None:
+        """After a verify appended its tokens: keep the KV of the positions before the newest
+        token (which, as after any decode, has none yet) and free the slots past them. With
+        pages, the page holding the last kept position stays whole (the next tokens fill it)."""
+        assert req.req_pool_idx is not None
+        kept = len(req.origin_input_ids) + len(req.output_ids) - 1
+        end = req.kv_allocated_len
+        ps = self.kv.allocator.page_size
+        first_free = _pages(kept, ps) * ps
+        if first_free < end:
+            row = self.kv.req_to_token_pool.req_to_token[req.req_pool_idx]
+            self.kv.allocator.free(row[first_free:end].clone())
+        req.kv_allocated_len = min(kept, end)
+
+    def load(self) -> SpecLoad:
+        s = self.stats
+        return SpecLoad(
+            verify_steps=s.verify_steps,
+            verified_reqs=s.verified_reqs,
+            proposed_drafts=s.proposed_drafts,
+            accepted_drafts=s.accepted_drafts,
+            draft_seconds=s.draft_seconds,
+            verify_seconds=s.verify_seconds,
+            accept_length_counts=list(s.accept_length_counts),
+        )
+
+
+def _pages(tokens: int, page_size: int) -> int:
+    return -(-tokens // page_size)

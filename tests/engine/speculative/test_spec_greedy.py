@@ -1,0 +1,143 @@
+"""Greedy outputs are the same with and without NGRAM speculation.
+
+The reference is the plain engine (no speculation); the speculating engine must give the same
+ids, the same log-probabilities (within float noise: a verify computes a token's logits in
+another forward than a decode), leave no KV behind, and really have speculated (drafts
+accepted, so the multi-token path is what produced the outputs).
+
+- SmolLM2 (float32): 16 prompts, half of them prompts that repeat spans (code to rewrite,
+  quotes), with logprobs and top logprobs.
+- The tiny Llama of the scheduling matrix: a covering subset of its 48 cases (radix cache on
+  and off, chunked prefill, mixed chunks, each policy, pages of 1 and 16) and a pool small
+  enough to force retractions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.conftest import PROMPTS
+from tests.engine.scheduler.test_scheduling_correctness import (
+    GREEDY,
+    RETRACT,
+    SMOLLM_SUBSET,
+    _id,
+    plain_outputs,
+    tiny_prompts,
+)
+
+SPEC = {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 5}
+
+CODE = """def area(width, height):
+    return width * height
+
+
+def perimeter(width, height):
+    return 2 * (width + height)
+"""
+REPEATING = [
+    f"Rewrite this code with type hints:\n\n{CODE}\nWith type hints:\n\n",
+    f"Copy this code exactly:\n\n{CODE}\nThe copy:\n\n",
+    "Repeat after me: the cat sat on the mat. The cat sat on the mat. The cat sat",
+    'The speaker said "we will build it here, and we will build it now". Quote the speaker: "',
+    "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,",
+    "Monday, Tuesday, Wednesday. Monday, Tuesday, Wednesday. Monday,",
+    "<li>apple</li>\n<li>banana</li>\n<li>cherry</li>\n<li>",
+    "To be or not to be, that is the question. To be or not to be,",
+]
+
+
+def test_smollm_16_prompts_identical_with_logprobs(smollm_engine: Any) -> None:
+    prompts = PROMPTS + REPEATING
+    assert len(prompts) == 16
+    params = {"temperature": 0, "max_new_tokens": 40}
+    kw = {"return_logprob": True, "top_logprobs_num": 2}
+    expected = smollm_engine.generate(prompt=prompts, sampling_params=params, **kw)
+    spec = smollm_engine.with_args(**SPEC)
+    try:
+        outs = spec.generate(prompt=prompts, sampling_params=params, **kw)
+        spec.scheduler.check_memory_invariant()
+        stats = spec.scheduler.spec.stats
+    finally:
+        spec.shutdown()
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in expected]
+    assert [o["meta_info"]["finish_reason"] for o in outs] == [
+        o["meta_info"]["finish_reason"] for o in expected
+    ]
+    for got, want in zip(outs, expected, strict=True):
+        lp, lp_want = got["meta_info"]["output_token_logprobs"], want["meta_info"]
+        assert [x[0] for x in lp] == pytest.approx(
+            [x[0] for x in lp_want["output_token_logprobs"]], abs=1e-3
+        )
+        tops = got["meta_info"]["output_top_logprobs"]
+        assert [[t[1] for t in step] for step in tops] == [
+            [t[1] for t in step] for step in lp_want["output_top_logprobs"]
+        ]
+    assert stats.accepted_drafts > 100  # the repeating prompts' answers were mostly drafted
+    assert sum(n * c for n, c in enumerate(stats.accept_length_counts)) > stats.verified_reqs
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from radixserve.engine import EngineCore
+    from tests.engine.models.tiny import save_tiny
+
+    folder = tmp_path_factory.mktemp("spec-sched-llama")
+    save_tiny("llama", folder, seed=3)
+    engine = EngineCore(model_path=str(folder), max_total_tokens=16384, dtype="float32")
+    yield engine
+    engine.shutdown()
+
+
+def repeating_tiny_prompts() -> list[list[int]]:
+    """The matrix's prompts, each with its first 24 tokens repeated at its end, so drafts are
+    found (and, the model being random, often rejected)."""
+    return [p + p[:24] for p in tiny_prompts()]
+
+
+@pytest.fixture(scope="module")
+def tiny_reference(tiny_engine: Any) -> list[list[int]]:
+    return plain_outputs(tiny_engine, repeating_tiny_prompts(), {**GREEDY, "max_new_tokens": 16})
+
+
+@pytest.mark.parametrize("case", SMOLLM_SUBSET, ids=[_id(c) for c in SMOLLM_SUBSET])
+def test_tiny_matrix_subset_identical(
+    tiny_engine: Any, tiny_reference: list[list[int]], case: tuple[Any, ...]
+) -> None:
+    no_radix, chunk, mixed, policy, page = case
+    spec = tiny_engine.with_args(
+        **SPEC,
+        disable_radix_cache=no_radix,
+        chunked_prefill_size=chunk,
+        enable_mixed_chunk=mixed,
+        schedule_policy=policy,
+        page_size=page,
+        max_total_tokens=6144,
+    )
+    try:
+        params = {**GREEDY, "max_new_tokens": 16}
+        outs = spec.generate(input_ids=repeating_tiny_prompts(), sampling_params=params)
+        spec.scheduler.check_memory_invariant()
+        assert spec.scheduler.spec.stats.verified_reqs > 0
+    finally:
+        spec.shutdown()
+    assert [o["output_ids"] for o in outs] == tiny_reference
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_tiny_retractions_keep_outputs(tiny_engine: Any, page_size: int) -> None:
+    prompts = repeating_tiny_prompts()
+    expected = plain_outputs(tiny_engine, prompts, RETRACT)
+    tight = tiny_engine.with_args(
+        **SPEC, max_total_tokens=1200, page_size=page_size, chunked_prefill_size=64
+    )
+    try:
+        outs = tight.generate(input_ids=prompts, sampling_params=RETRACT)
+        assert sum(o["meta_info"]["total_retractions"] for o in outs) > 0
+        assert tight.scheduler.spec.stats.accepted_drafts > 0
+        tight.scheduler.check_memory_invariant()
+    finally:
+        tight.shutdown()
+    assert [o["output_ids"] for o in outs] == expected
