@@ -144,6 +144,8 @@ class EngineCore:
                 total_retractions=req.retraction_count,
                 token_logprobs=req.output_token_logprobs[:n],
                 top_logprobs=req.output_top_logprobs[:n],
+                spec_verify_ct=req.spec_verify_ct,
+                spec_accepted_drafts=req.spec_accepted_drafts,
             )
         )
         return out

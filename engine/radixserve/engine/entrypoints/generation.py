@@ -77,6 +77,12 @@ class GenerateOutput:
         }
         if last.e2e_latency is not None:
             meta["e2e_latency"] = last.e2e_latency
+        if last.spec_verify_ct:  # SGLang's fields: tokens per verify include its bonus token
+            meta["spec_verify_ct"] = last.spec_verify_ct
+            meta["spec_num_correct_drafts"] = last.spec_accepted_drafts
+            meta["spec_accept_length"] = (
+                last.spec_accepted_drafts + last.spec_verify_ct
+            ) / last.spec_verify_ct
         return meta
 
 

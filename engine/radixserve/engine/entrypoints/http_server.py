@@ -12,6 +12,7 @@ import logging
 from collections.abc import AsyncGenerator
 from typing import Any
 
+import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
@@ -189,10 +190,10 @@ def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per
 
     @app.get("/get_load")
     async def get_load(request: Request) -> Any:
-        """One scheduler's load as an object; with --dp-size > 1 a list, one per DP rank."""
+        """One scheduler's load as an object; with --dp-size > 1 a list, one per DP rank.
+        Nested parts (HiCache's, the experts', speculation's) as objects too."""
         loads = [
-            {f: getattr(load, f) for f in load.__struct_fields__}
-            for load in await st(request).tokenizer_manager.get_load()
+            msgspec.to_builtins(load) for load in await st(request).tokenizer_manager.get_load()
         ]
         return loads if len(loads) > 1 else loads[0]
 

@@ -56,6 +56,8 @@ class ServerState:
             "schedule_policy": a.schedule_policy,
             "chunked_prefill_size": a.chunked_prefill_size,
             "disable_radix_cache": a.disable_radix_cache,
+            "speculative_algorithm": a.speculative_algorithm,
+            "speculative_num_draft_tokens": a.draft_tokens if a.speculative_algorithm else None,
             "kv_events": endpoints,
             # one entry per DP rank: its scheduler's limits (ranks may differ in pool size)
             "dp_ranks": [

@@ -159,6 +159,11 @@ class SpecLoad(_Msg, frozen=True):
     verify_seconds: float  # the verify steps, forward and acceptance
     accept_length_counts: list[int]  # [n]: request-steps that emitted n tokens
 
+    @property
+    def accept_length(self) -> float:
+        """Mean tokens a verify emitted per request (accepted drafts + 1); 0 before any."""
+        return (self.accepted_drafts + self.verified_reqs) / max(self.verified_reqs, 1)
+
 
 class LoadOutput(_Msg, frozen=True):
     dp_rank: int
@@ -210,6 +215,8 @@ class BatchTokenIDOutput(_Msg, frozen=True):
     output_token_logprobs: list[list[float]] = []
     output_top_logprobs: list[list[list[tuple[float, int]]]] = []
     queue_times: list[float | None] = []  # seconds from arrival to first prefill (None: yet)
+    spec_verify_ct: list[int] = []  # speculative decoding: verifies with drafts so far
+    spec_accepted_drafts: list[int] = []  # and the drafts they accepted
 
 
 class BatchStrOutput(_Msg, frozen=True):
@@ -227,6 +234,8 @@ class BatchStrOutput(_Msg, frozen=True):
     output_token_logprobs: list[list[float]] = []
     output_top_logprobs: list[list[list[tuple[float, int]]]] = []
     queue_times: list[float | None] = []
+    spec_verify_ct: list[int] = []
+    spec_accepted_drafts: list[int] = []
 
 
 SchedulerInput = (

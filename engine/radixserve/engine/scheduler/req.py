@@ -74,6 +74,9 @@ class Req:
     is_retracted: bool = False
     retraction_count: int = 0
     cached_tokens: int = 0
+    # speculative decoding: verifies this request had drafts in, and drafts it accepted
+    spec_verify_ct: int = 0
+    spec_accepted_drafts: int = 0
     # outputs
     output_token_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)

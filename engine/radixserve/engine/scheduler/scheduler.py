@@ -452,6 +452,9 @@ class Scheduler:
             req.num_inflight -= 1
             if req.finished():
                 continue
+            if rec.batch.drafts[i]:
+                req.spec_verify_ct += 1
+                req.spec_accepted_drafts += len(out.tokens[i]) - 1
             for j, token in enumerate(out.tokens[i]):
                 req.output_ids.append(token)
                 if req.return_logprob:

@@ -183,6 +183,8 @@ class SchedulerLoop:
             fields["output_token_logprobs"].append(r.output_token_logprobs[r.send_offset :])
             fields["output_top_logprobs"].append(r.output_top_logprobs[r.send_offset :])
             fields["queue_times"].append(r.queue_time)
+            fields["spec_verify_ct"].append(r.spec_verify_ct)
+            fields["spec_accepted_drafts"].append(r.spec_accepted_drafts)
             r.send_offset = len(r.output_ids)
         self.ch.to_detokenizer.send(BatchTokenIDOutput(**fields))
 
@@ -200,6 +202,8 @@ _OUTPUT_FIELDS = (
     "output_token_logprobs",
     "output_top_logprobs",
     "queue_times",
+    "spec_verify_ct",
+    "spec_accepted_drafts",
 )
 
 

@@ -71,3 +71,5 @@ class GenerateChunk(msgspec.Struct, frozen=True):
     token_logprobs: list[float] = []  # aligned with output_ids
     top_logprobs: list[list[tuple[float, int]]] = []
     e2e_latency: float | None = None  # set on the final chunk
+    spec_verify_ct: int = 0  # speculative decoding: verifies with drafts so far
+    spec_accepted_drafts: int = 0

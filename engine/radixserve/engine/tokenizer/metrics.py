@@ -19,6 +19,7 @@ from radixserve.engine.ipc.messages import LoadOutput
 from radixserve.engine.tokenizer.expert_metrics import ExpertCollector
 from radixserve.engine.tokenizer.hicache_metrics import HiCacheCollector
 from radixserve.engine.tokenizer.pd_metrics import PDCollector
+from radixserve.engine.tokenizer.spec_metrics import SpecCollector
 
 P = "radixserve:"
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -49,6 +50,8 @@ class EngineMetrics:
         reg.register(self.hicache)
         self.experts = ExpertCollector(model_name)  # silent without the recorder or EPLB
         reg.register(self.experts)
+        self.spec = SpecCollector(model_name)  # silent without speculative decoding
+        reg.register(self.spec)
         labels = ["model_name"]
         self.labels = {"model_name": model_name}
 
@@ -129,6 +132,7 @@ class EngineMetrics:
             self.pd.loads = loads
         self.hicache.loads = loads
         self.experts.loads = loads
+        self.spec.loads = loads
         for load in loads:
             rank = self._rank(load.dp_rank)
             self.num_running_reqs.labels(**rank).set(load.num_running_reqs)
