@@ -258,3 +258,43 @@ def test_fused_ops_are_chosen_by_device_and_backend() -> None:
     assert fused_ops_for("cuda", "torch", False) == (None, None)
     assert fused_ops_for("cuda", "triton", True) == (None, None)
     assert fused_ops_for("cpu", "grouped", True) == (None, None)
+
+
+SPEC = {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 4}
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_verify_extends_equal_plain_decodes(
+    tiny_folder: Path, device: str, backend: str, page_size: int
+) -> None:
+    """Speculative verify batches (TARGET_VERIFY: each request's last token and its drafts as
+    one extend, logits at every position) through the reference and the Triton backend: the
+    tokens of plain decoding on the reference. The batch runs twice: the second time every
+    request drafts its answer from the first run's (all accepted: chains of 3 drafts verified),
+    the first time drafts come rarely and are mostly rejected."""
+    from radixserve.engine import EngineCore
+
+    prompts = [p + p[:12] for p in mixed_prompts()]
+    params = {**GREEDY, "max_new_tokens": 8}
+    args = {
+        "model_path": str(tiny_folder), "device": device, "dtype": "float32",
+        "max_total_tokens": 1024, "skip_server_warmup": True, "page_size": page_size,
+    }  # fmt: skip
+    plain = EngineCore(attention_backend="torch", **args)
+    try:
+        expected = [
+            o["output_ids"] for o in plain.generate(input_ids=prompts, sampling_params=params)
+        ]
+    finally:
+        plain.shutdown()
+    spec = EngineCore(attention_backend=backend, **SPEC, **args)
+    try:
+        for _ in range(2):
+            outs = spec.generate(input_ids=prompts, sampling_params=params)
+            assert [o["output_ids"] for o in outs] == expected
+        spec.scheduler.check_memory_invariant()
+        stats = spec.scheduler.spec.stats
+    finally:
+        spec.shutdown()
+    assert stats.accept_length_counts[4] >= len(prompts)
