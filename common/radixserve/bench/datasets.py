@@ -17,6 +17,7 @@ class BenchRequest:
     input_ids: list[int]
     output_len: int
     group: int = 0
+    text: str = ""  # a text prompt instead of ids (text_datasets): the server tokenizes it
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from radixserve.bench.datasets import (
     random_requests,
 )
 from radixserve.bench.report import print_table, write_json
+from radixserve.bench.text_datasets import TEXT_DATASETS, text_requests
 from radixserve.logging_setup import progress_bar
 
 
@@ -67,7 +68,10 @@ def add_serving_parser(sub: Any) -> None:
     p.add_argument(
         "--dataset-name",
         default="generated-shared-prefix",
-        choices=["random", "generated-shared-prefix"],
+        choices=["random", "generated-shared-prefix", *TEXT_DATASETS],
+        help="random / generated-shared-prefix: token ids; code-rewrite / quote-summary: text "
+        "whose answers repeat it (bench/text_datasets.py; answers end naturally, up to "
+        "--random-output-len tokens)",
     )
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--random-input-len", type=int, default=512)
@@ -101,6 +105,8 @@ def add_serving_parser(sub: Any) -> None:
 
 
 def build_requests(args: argparse.Namespace) -> list[BenchRequest]:
+    if args.dataset_name in TEXT_DATASETS:
+        return text_requests(args.dataset_name, args.num_prompts, args.random_output_len, args.seed)
     if args.dataset_name == "random":
         return random_requests(
             args.num_prompts,
@@ -151,11 +157,12 @@ async def send_one(
     schema: dict[str, Any] | None = None,
 ) -> RequestResult:
     params: dict[str, Any] = {"max_new_tokens": req.output_len, "temperature": 0}
-    if schema is None:
-        params["ignore_eos"] = True
-    else:
+    if schema is not None:
         params["json_schema"] = json.dumps(schema)
-    body = {"input_ids": req.input_ids, "stream": True, "sampling_params": params}
+    elif not req.text:  # a text prompt's answer ends where the model ends it
+        params["ignore_eos"] = True
+    prompt = {"text": req.text} if req.text else {"input_ids": req.input_ids}
+    body = {**prompt, "stream": True, "sampling_params": params}
     res = RequestResult(ok=False, prompt_tokens=len(req.input_ids))
     start = last = time.perf_counter()
     try:
@@ -167,6 +174,7 @@ async def send_one(
                 res.itls.append(now - last)
             last = now
             meta = chunk["meta_info"]
+            res.prompt_tokens = meta["prompt_tokens"]
             res.output_tokens = meta["completion_tokens"]
             res.cached_tokens = meta["cached_tokens"]
             res.text = chunk.get("text", "")  # SGLang's native stream: the text so far
@@ -189,15 +197,15 @@ async def send_one_openai(
     """One streamed /v1/completions request; output tokens from the final usage chunk."""
     body: dict[str, Any] = {
         "model": model,
-        "prompt": req.input_ids,
+        "prompt": req.text or req.input_ids,
         "max_tokens": req.output_len,
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    if schema is None:
+    if schema is None and not req.text:
         body["ignore_eos"] = True
-    else:
+    elif schema is not None:
         body["response_format"] = {
             "type": "json_schema",
             "json_schema": {"name": "bench", "schema": schema, "strict": True},
@@ -216,6 +224,7 @@ async def send_one_openai(
                 last = now
             if chunk.get("usage"):
                 u = chunk["usage"]
+                res.prompt_tokens = int(u.get("prompt_tokens") or res.prompt_tokens)
                 res.output_tokens = int(u.get("completion_tokens") or 0)
                 details = u.get("prompt_tokens_details") or {}
                 res.cached_tokens = int(details.get("cached_tokens") or 0)

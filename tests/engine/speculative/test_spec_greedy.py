@@ -141,3 +141,29 @@ def test_tiny_retractions_keep_outputs(tiny_engine: Any, page_size: int) -> None
     finally:
         tight.shutdown()
     assert [o["output_ids"] for o in outs] == expected
+
+
+def test_penalties_and_min_tokens_see_each_draft_position(smollm_engine: Any) -> None:
+    """Each position of a verify is sampled as the request with the drafts before it accepted:
+    repetition, frequency and presence penalties, min_new_tokens and logit_bias give the plain
+    engine's greedy tokens (a penalty applied once per verify would let repeats through)."""
+    eos = smollm_engine.tokenizer.eos_token_id
+    params = {
+        "temperature": 0,
+        "max_new_tokens": 32,
+        "repetition_penalty": 1.15,
+        "frequency_penalty": 0.3,
+        "presence_penalty": 0.2,
+        "min_new_tokens": 12,
+        "logit_bias": {str(eos): 2.0},
+    }
+    expected = smollm_engine.generate(prompt=REPEATING, sampling_params=params)
+    spec = smollm_engine.with_args(**SPEC)
+    try:
+        outs = spec.generate(prompt=REPEATING, sampling_params=params)
+        spec.scheduler.check_memory_invariant()
+        accepted = spec.scheduler.spec.stats.accepted_drafts
+    finally:
+        spec.shutdown()
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in expected]
+    assert accepted > 0

@@ -55,7 +55,6 @@ def verify_drafts(
 ) -> VerifyOutput:
     """`logits` [T, V] with T = Σ (len(drafts[i]) + 1), rows in request order; `info` and
     `top_logprobs_nums` laid out over the same T rows."""
-    raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
     processed = logits.float()
     if info.has_logits_processors:
         processed = info.apply_logits_processors(processed.clone())
@@ -74,13 +73,16 @@ def verify_drafts(
         tokens.append(out)
         positions += rows[: len(out)]
         start = rows.stop
-    chosen_rows = torch.tensor(positions, dtype=torch.int64, device=logits.device)
+    # raw log-probabilities (as the sampler reports them) of the emitted rows only
+    emitted = torch.tensor(positions, dtype=torch.int64, device=logits.device)
+    raw_logprobs = torch.log_softmax(logits.index_select(0, emitted).float(), dim=-1)
     chosen_ids = torch.tensor([t for ts in tokens for t in ts], device=logits.device)
-    chosen = raw_logprobs[chosen_rows, chosen_ids].tolist()
+    chosen = raw_logprobs.gather(1, chosen_ids.unsqueeze(1)).squeeze(1).tolist()
+    nums = None if top_logprobs_nums is None else [top_logprobs_nums[p] for p in positions]
     return VerifyOutput(
         tokens=tokens,
         logprobs=_split(chosen, tokens),
-        top_logprobs=_top_per_token(raw_logprobs, top_logprobs_nums, positions, tokens),
+        top_logprobs=_top_per_token(raw_logprobs, nums, tokens),
         next_token_ids=torch.tensor([ts[-1] for ts in tokens], dtype=torch.int64),
     )
 
@@ -142,13 +144,11 @@ def _split(values: list[T], tokens: list[list[int]]) -> list[list[T]]:
 
 
 def _top_per_token(
-    raw_logprobs: torch.Tensor,
-    nums: list[int] | None,
-    positions: list[int],
-    tokens: list[list[int]],
+    raw_logprobs: torch.Tensor, nums: list[int] | None, tokens: list[list[int]]
 ) -> list[list[list[tuple[float, int]]]] | None:
+    """`raw_logprobs` and `nums`: one row per emitted token."""
     if not nums or max(nums) <= 0:
         return None
-    rows = top_logprobs_of(raw_logprobs[positions], [nums[p] for p in positions])
+    rows = top_logprobs_of(raw_logprobs, nums)
     assert rows is not None
     return _split(rows, tokens)
