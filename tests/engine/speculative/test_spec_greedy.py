@@ -1,4 +1,6 @@
-"""Greedy outputs are the same with and without NGRAM speculation.
+"""Greedy outputs are the same with and without speculation: NGRAM, and STANDALONE with a tiny
+random draft model (whose drafts are nearly all rejected) or the target itself as its own
+draft (whose drafts are all accepted).
 
 The reference is the plain engine (no speculation); the speculating engine must give the same
 ids, the same log-probabilities (within float noise: a verify computes a token's logits in
@@ -9,7 +11,7 @@ accepted, so the multi-token path is what produced the outputs).
   quotes), with logprobs and top logprobs.
 - The tiny Llama of the scheduling matrix: a covering subset of its 48 cases (radix cache on
   and off, chunked prefill, mixed chunks, each policy, pages of 1 and 16) and a pool small
-  enough to force retractions.
+  enough to force retractions, for each algorithm.
 """
 
 from __future__ import annotations
@@ -80,15 +82,38 @@ def test_smollm_16_prompts_identical_with_logprobs(smollm_engine: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_engine(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from radixserve.engine import EngineCore
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from tests.engine.models.tiny import save_tiny
 
     folder = tmp_path_factory.mktemp("spec-sched-llama")
-    save_tiny("llama", folder, seed=3)
-    engine = EngineCore(model_path=str(folder), max_total_tokens=16384, dtype="float32")
+    save_tiny("llama", folder / "target", seed=3)
+    save_tiny("llama", folder / "draft", seed=4, num_hidden_layers=1)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_folder: Any) -> Any:
+    from radixserve.engine import EngineCore
+
+    engine = EngineCore(
+        model_path=str(tiny_folder / "target"), max_total_tokens=16384, dtype="float32"
+    )
     yield engine
     engine.shutdown()
+
+
+ALGORITHMS = ["ngram", "standalone-random", "standalone-self"]
+
+
+def spec_flags(algorithm: str, folder: Any) -> dict[str, Any]:
+    if algorithm == "ngram":
+        return SPEC
+    draft = folder / ("draft" if algorithm == "standalone-random" else "target")
+    return {
+        "speculative_algorithm": "STANDALONE",
+        "speculative_draft_model_path": str(draft),
+        "speculative_num_steps": 3,
+    }
 
 
 def repeating_tiny_prompts() -> list[list[int]]:
@@ -102,13 +127,18 @@ def tiny_reference(tiny_engine: Any) -> list[list[int]]:
     return plain_outputs(tiny_engine, repeating_tiny_prompts(), {**GREEDY, "max_new_tokens": 16})
 
 
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("case", SMOLLM_SUBSET, ids=[_id(c) for c in SMOLLM_SUBSET])
 def test_tiny_matrix_subset_identical(
-    tiny_engine: Any, tiny_reference: list[list[int]], case: tuple[Any, ...]
+    tiny_engine: Any,
+    tiny_folder: Any,
+    tiny_reference: list[list[int]],
+    case: tuple[Any, ...],
+    algorithm: str,
 ) -> None:
     no_radix, chunk, mixed, policy, page = case
     spec = tiny_engine.with_args(
-        **SPEC,
+        **spec_flags(algorithm, tiny_folder),
         disable_radix_cache=no_radix,
         chunked_prefill_size=chunk,
         enable_mixed_chunk=mixed,
@@ -120,18 +150,27 @@ def test_tiny_matrix_subset_identical(
         params = {**GREEDY, "max_new_tokens": 16}
         outs = spec.generate(input_ids=repeating_tiny_prompts(), sampling_params=params)
         spec.scheduler.check_memory_invariant()
-        assert spec.scheduler.spec.stats.verified_reqs > 0
+        stats = spec.scheduler.spec.stats
     finally:
         spec.shutdown()
     assert [o["output_ids"] for o in outs] == tiny_reference
+    assert stats.verified_reqs > 0
+    if algorithm == "standalone-self":  # its own drafts: every one accepted
+        assert stats.accepted_drafts == stats.proposed_drafts > 0
 
 
+@pytest.mark.parametrize("algorithm", ["ngram", "standalone-self"])
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_tiny_retractions_keep_outputs(tiny_engine: Any, page_size: int) -> None:
+def test_tiny_retractions_keep_outputs(
+    tiny_engine: Any, tiny_folder: Any, page_size: int, algorithm: str
+) -> None:
     prompts = repeating_tiny_prompts()
     expected = plain_outputs(tiny_engine, prompts, RETRACT)
     tight = tiny_engine.with_args(
-        **SPEC, max_total_tokens=1200, page_size=page_size, chunked_prefill_size=64
+        **spec_flags(algorithm, tiny_folder),
+        max_total_tokens=1200,
+        page_size=page_size,
+        chunked_prefill_size=64,
     )
     try:
         outs = tight.generate(input_ids=prompts, sampling_params=RETRACT)
@@ -167,3 +206,35 @@ def test_penalties_and_min_tokens_see_each_draft_position(smollm_engine: Any) ->
         spec.shutdown()
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in expected]
     assert accepted > 0
+
+
+def test_smollm_16_prompts_identical_with_a_tiny_draft(
+    smollm_engine: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """STANDALONE on the real model: a tiny random Llama with SmolLM2's vocabulary drafts (its
+    drafts are almost all rejected, so nearly every token is the verify's correction: the
+    path a poor draft takes)."""
+    from tests.engine.models.tiny import save_tiny
+
+    vocab = smollm_engine.core.model_config.vocab_size
+    draft = tmp_path_factory.mktemp("smollm-draft")
+    save_tiny(
+        "llama", draft, seed=6, num_hidden_layers=1, vocab_size=vocab,
+        max_position_embeddings=8192,
+    )  # fmt: skip
+    prompts = PROMPTS + REPEATING
+    params = {"temperature": 0, "max_new_tokens": 16}
+    expected = smollm_engine.generate(prompt=prompts, sampling_params=params)
+    spec = smollm_engine.with_args(
+        speculative_algorithm="STANDALONE",
+        speculative_draft_model_path=str(draft),
+        speculative_num_steps=2,
+    )
+    try:
+        outs = spec.generate(prompt=prompts, sampling_params=params)
+        spec.scheduler.check_memory_invariant()
+        stats = spec.scheduler.spec.stats
+    finally:
+        spec.shutdown()
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in expected]
+    assert stats.verified_reqs >= len(prompts) * 6

@@ -123,6 +123,20 @@ def test_metrics_show_the_acceptance(server: LiveServer) -> None:
             {"enable_dp_attention": True, "dp_size": 2, "tp_size": 2},
             r"^speculative_algorithm: does not run with --enable-dp-attention",
         ),
+        (
+            {"speculative_algorithm": "STANDALONE"},
+            r"^speculative_draft_model_path: STANDALONE needs a draft model",
+        ),
+        (
+            {
+                "speculative_algorithm": "STANDALONE",
+                "speculative_draft_model_path": "smollm2-135m",
+                "speculative_num_steps": 3,
+                "speculative_num_draft_tokens": 6,
+            },
+            r"^speculative_num_draft_tokens: with a chain \(topk 1\) must be .* = 4, got 6",
+        ),
+        ({"speculative_eagle_topk": 4}, r"^speculative_eagle_topk: only 1"),
     ],
 )
 def test_bad_flags_fail_at_start_up(tmp_path: Path, flags: dict[str, Any], message: str) -> None:
@@ -130,3 +144,22 @@ def test_bad_flags_fail_at_start_up(tmp_path: Path, flags: dict[str, Any], messa
 
     with pytest.raises(ValueError, match=message):
         Engine(model_path="smollm2-135m", **{"speculative_algorithm": "NGRAM", **flags})
+
+
+def test_a_draft_with_another_vocabulary_is_refused(tmp_path: Path) -> None:
+    from radixserve.engine import Engine
+    from tests.engine.models.tiny import save_tiny
+
+    save_tiny("llama", tmp_path / "target", seed=1)
+    save_tiny("llama", tmp_path / "draft", seed=2, vocab_size=128)
+    flags = {"speculative_algorithm": "STANDALONE", "speculative_num_steps": 2}
+    with pytest.raises(ValueError, match=r"^speculative_draft_model_path: the draft's vocabulary "):
+        Engine(
+            model_path=str(tmp_path / "target"),
+            speculative_draft_model_path=str(tmp_path / "draft"),
+            **flags,
+        )
+    with pytest.raises(ValueError, match=r"^speculative_draft_model_path: cannot load '/no/such'"):
+        Engine(
+            model_path=str(tmp_path / "target"), speculative_draft_model_path="/no/such", **flags
+        )

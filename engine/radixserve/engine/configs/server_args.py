@@ -15,6 +15,13 @@ from typing import Any
 from radixserve.config_options import check_choices, option
 from radixserve.engine.configs.cpu_features import check_cpu_bind, cpu_has_bf16
 from radixserve.engine.configs.model_checks import check_flag as _check
+from radixserve.engine.configs.speculative_args import (
+    NGRAM_DRAFT_TOKENS,
+    SPECULATIVE_ALGORITHMS,
+    STANDALONE_STEPS,
+    check_speculative,
+    draft_tokens,
+)
 from radixserve.logging_setup import LOG_FORMATS, LOG_LEVELS
 from radixserve.protocol.kv_events import EVENT_FORMATS
 
@@ -31,9 +38,6 @@ LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue")  # tokenizer.data_paral
 DISAGGREGATION_MODES = ("null", "prefill", "decode")  # SGLang's --disaggregation-mode
 TRANSFER_BACKENDS = ("mooncake", "nixl", "fake")  # disaggregation.transfer
 GRAMMAR_BACKENDS = ("xgrammar", "none")
-SPECULATIVE_ALGORITHMS = ("NGRAM",)  # scheduler.speculative
-NGRAM_DRAFT_TOKENS = 8  # --speculative-num-draft-tokens's default for NGRAM
-MAX_DRAFT_TOKENS = 64
 EXPERT_RECORDER_MODES = ("stat",)  # --expert-distribution-recorder-mode (SGLang's stat mode)
 # HiCache (mem_cache/hiradix_cache.py, docs/hicache.md): SGLang's flag names and choices
 HICACHE_WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
@@ -301,11 +305,23 @@ class ServerArgs:
     # speculative decoding (speculative/, docs/speculative_decoding.md): SGLang's flag names
     speculative_algorithm: str | None = option(
         None,
-        "draft tokens and verify them in one forward: NGRAM (off by default)",
+        "draft tokens and verify them in one forward: NGRAM (looked up in recent text) or "
+        "STANDALONE (a smaller model with the same vocabulary); off by default",
         choices=SPECULATIVE_ALGORITHMS,
     )
+    speculative_draft_model_path: str | None = option(
+        None, "STANDALONE: the draft model (HF folder, .gguf or alias); the target's tokenizer"
+    )
+    speculative_num_steps: int | None = option(
+        None, f"STANDALONE: draft forwards per verify (default {STANDALONE_STEPS})"
+    )
+    speculative_eagle_topk: int | None = option(
+        None, "draft tokens kept per step: 1 (a chain; trees are not served yet)"
+    )
     speculative_num_draft_tokens: int | None = option(
-        None, f"tokens per verify: the last sampled one plus drafts (NGRAM: {NGRAM_DRAFT_TOKENS})"
+        None,
+        f"tokens per verify: the last sampled one plus drafts (NGRAM: {NGRAM_DRAFT_TOKENS}; "
+        "STANDALONE: steps + 1)",
     )
     speculative_ngram_min_match_window_size: int = option(
         1, "NGRAM: the shortest context suffix looked up"
@@ -468,43 +484,12 @@ class ServerArgs:
         self._check_speculative()
 
     def _check_speculative(self) -> None:
-        if self.speculative_algorithm is None:
-            return
-        name = "speculative_algorithm"
-        _check(not self.enable_dp_attention, name, "does not run with --enable-dp-attention")
-        _check(
-            self.disaggregation_mode != "prefill",
-            name,
-            "a prefill server samples one token per request: nothing to speculate",
-        )
-        n = self.draft_tokens
-        _check(
-            2 <= n <= MAX_DRAFT_TOKENS,
-            "speculative_num_draft_tokens",
-            f"must be in [2, {MAX_DRAFT_TOKENS}] (the last token plus 1 or more drafts), got {n}",
-        )
-        low = self.speculative_ngram_min_match_window_size
-        high = self.speculative_ngram_max_match_window_size
-        _check(low >= 1, "speculative_ngram_min_match_window_size", f"must be ≥ 1, got {low}")
-        _check(
-            high >= low,
-            "speculative_ngram_max_match_window_size",
-            f"must be ≥ the min match window size {low}, got {high}",
-        )
-        cap = self.speculative_ngram_capacity
-        _check(cap >= 1, "speculative_ngram_capacity", f"must be ≥ 1, got {cap}")
-        off = self.speculative_disable_by_batch_size
-        _check(
-            off is None or off >= 1,
-            "speculative_disable_by_batch_size",
-            f"must be ≥ 1, got {off}",
-        )
+        check_speculative(self)
 
     @property
     def draft_tokens(self) -> int:
         """Tokens per request in one verify (the last sampled token plus its drafts)."""
-        n = self.speculative_num_draft_tokens
-        return NGRAM_DRAFT_TOKENS if n is None else n
+        return draft_tokens(self)
 
     def _check_deterministic(self) -> None:
         """Deterministic inference exists for the CPU's grouped backend in bfloat16 or

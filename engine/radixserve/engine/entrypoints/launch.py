@@ -27,6 +27,7 @@ from radixserve.engine.configs.model_checks import (
     check_tp_layout,
 )
 from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.configs.speculative_args import check_draft_model
 from radixserve.engine.distributed import RankSpec
 from radixserve.engine.entrypoints.process_utils import configure_child_logging, die_with_parent
 from radixserve.engine.ipc.channels import PortArgs
@@ -81,6 +82,21 @@ class ChildProcesses:
             if p.is_alive():
                 p.kill()
                 p.join(1)
+
+
+def check_draft_layout(args: ServerArgs) -> None:
+    """Refuse, before any process starts, a STANDALONE draft that cannot draft for the model
+    (ValueError naming --speculative-draft-model-path)."""
+    draft_path = args.speculative_draft_model_path
+    if args.speculative_algorithm != "STANDALONE" or draft_path is None:
+        return
+    target = load_model_files(resolve_model(args.model_path, args.revision), args.resolved_dtype)
+    try:
+        draft = load_model_files(resolve_model(draft_path), args.resolved_dtype)
+    except (OSError, ValueError) as exc:
+        why = f"cannot load {draft_path!r}: {exc}"
+        raise ValueError(f"speculative_draft_model_path: {why}") from exc
+    check_draft_model(target.config, draft.config)
 
 
 def check_parallel_layout(args: ServerArgs) -> None:
@@ -138,6 +154,7 @@ def launch_subprocesses(args: ServerArgs) -> ChildProcesses:
     """Start tp_size schedulers for each of the dp_size DP ranks + the detokenizer; return
     once every rank is ready."""
     check_parallel_layout(args)
+    check_draft_layout(args)
     ctx = mp.get_context("spawn")
     ports = PortArgs.create()
     readers, procs = [], []

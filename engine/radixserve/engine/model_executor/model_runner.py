@@ -37,6 +37,7 @@ from radixserve.engine.layers.parallel_linear import (
 from radixserve.engine.layers.rotary_embedding import RotaryEmbedding
 from radixserve.engine.layers.vocab_parallel import ParallelLMHead
 from radixserve.engine.mem_cache import (
+    BaseTokenAllocator,
     MHATokenToKVPool,
     MLATokenToKVPool,
     ReqToTokenPool,
@@ -101,10 +102,15 @@ def kv_cell_bytes(config: ModelConfig, num_kv_heads: int | None = None) -> int:
 
 
 def compute_pool_sizes(
-    args: ServerArgs, config: ModelConfig, device: torch.device, num_kv_heads: int | None = None
+    args: ServerArgs,
+    config: ModelConfig,
+    device: torch.device,
+    num_kv_heads: int | None = None,
+    extra_cell_bytes: int = 0,
 ) -> PoolSizes:
-    """Pool sizes for `num_kv_heads` KV heads per token (default: all of the model's)."""
-    cell = kv_cell_bytes(config, num_kv_heads)
+    """Pool sizes for `num_kv_heads` KV heads per token (default: all of the model's), and
+    `extra_cell_bytes` more per token (a draft model's KV, in a pool of the same slots)."""
+    cell = kv_cell_bytes(config, num_kv_heads) + extra_cell_bytes
     if args.max_total_tokens is not None:
         tokens, source = args.max_total_tokens, "max_total_tokens"
     else:
@@ -200,12 +206,23 @@ def cast_model(model: nn.Module, dtype: torch.dtype) -> None:
 
 
 class ModelRunner:
-    def __init__(
+    """`draft_cell_bytes`: a draft model's KV per token, sized into the pool's budget.
+    `slots_of`: the target runner a draft runner shares its request rows, allocator and pool
+    size with (its own KV buffers and attention backend: the same slot holds the target's KV
+    in one pool and the draft's in the other)."""
+
+    sizes: PoolSizes
+    req_to_token_pool: ReqToTokenPool
+    allocator: BaseTokenAllocator
+
+    def __init__(  # noqa: PLR0913 - the draft's two ties to its target
         self,
         args: ServerArgs,
         files: LoadedModelFiles,
         model: CausalLM | None = None,
         groups: ParallelGroups | None = None,
+        draft_cell_bytes: int = 0,
+        slots_of: ModelRunner | None = None,
     ) -> None:
         self.args = args
         self.model_config = files.config
@@ -227,16 +244,19 @@ class ModelRunner:
             if c.mla is not None
             else kv_head_layout(c.num_key_value_heads, self.groups.attn_tp).num_local_heads
         )
-        sizes = compute_pool_sizes(args, c, self.device, self.num_local_kv_heads)
-        # Every rank schedules the same batches: all must hold the same number of tokens.
-        tokens = self.groups.cpu.min_int(sizes.max_total_tokens)
-        rows = self.groups.cpu.min_int(sizes.max_num_reqs)
-        self.sizes = PoolSizes(tokens, rows, sizes.source)
-        self.req_to_token_pool = ReqToTokenPool(
-            self.sizes.max_num_reqs, c.context_len + 4, self.device
-        )
+        if slots_of is not None:
+            self.sizes = slots_of.sizes
+            self.req_to_token_pool = slots_of.req_to_token_pool
+            self.allocator = slots_of.allocator
+        else:
+            self.sizes = self._pool_sizes(draft_cell_bytes)
+            self.req_to_token_pool = ReqToTokenPool(
+                self.sizes.max_num_reqs, c.context_len + 4, self.device
+            )
+            self.allocator = create_allocator(
+                self.sizes.max_total_tokens, args.page_size, self.device
+            )
         self.token_to_kv_pool = self._create_pool()
-        self.allocator = create_allocator(self.sizes.max_total_tokens, args.page_size, self.device)
         self.attn_backend = self._create_backend()
         self.graph_runner = self._maybe_capture_graphs()
         logger.info(
@@ -247,6 +267,21 @@ class ModelRunner:
             c.dtype,
             self.sizes.source,
         )
+
+    def _pool_sizes(self, draft_cell_bytes: int) -> PoolSizes:
+        c = self.model_config
+        sizes = compute_pool_sizes(
+            self.args, c, self.device, self.num_local_kv_heads, draft_cell_bytes
+        )
+        # Every rank schedules the same batches: all must hold the same number of tokens.
+        tokens = self.groups.cpu.min_int(sizes.max_total_tokens)
+        rows = self.groups.cpu.min_int(sizes.max_num_reqs)
+        return PoolSizes(tokens, rows, sizes.source)
+
+    @property
+    def kv_cell_bytes(self) -> int:
+        """This rank's KV bytes per token (all layers)."""
+        return kv_cell_bytes(self.model_config, self.num_local_kv_heads)
 
     def _create_pool(self) -> MHATokenToKVPool:
         c, size, page = self.model_config, self.sizes.max_total_tokens, self.args.page_size

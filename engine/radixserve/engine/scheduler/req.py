@@ -77,6 +77,7 @@ class Req:
     # speculative decoding: verifies this request had drafts in, and drafts it accepted
     spec_verify_ct: int = 0
     spec_accepted_drafts: int = 0
+    spec_draft_kv_len: int = 0  # STANDALONE: positions whose KV the draft model computed
     # outputs
     output_token_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)

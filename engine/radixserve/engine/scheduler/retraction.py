@@ -75,6 +75,7 @@ def reset_for_retract(req: Req) -> None:
     req.last_node = None
     req.cache_protected_len = 0
     req.kv_allocated_len = 0
+    req.spec_draft_kv_len = 0
     req.extend_input_len = 0
     req.num_inflight = 0  # an in-flight token of a retracted request is discarded
     req.is_retracted = True

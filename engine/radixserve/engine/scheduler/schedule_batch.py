@@ -158,6 +158,13 @@ class ScheduleBatch:
             self.input_ids += [r.last_token(), *d]
             self.positions += range(p, p + e)
 
+    def set_drafts(self, drafts: list[list[int]]) -> None:
+        """A prepared verify's drafts, now known (a draft model filled the placeholders)."""
+        self.drafts = drafts
+        self.input_ids = [
+            t for r, d in zip(self.reqs, drafts, strict=True) for t in (r.last_token(), *d)
+        ]
+
     def mix_with_running(self, running: ScheduleBatch) -> None:
         """Append a decode-prepared batch as extends of length 1 (forward mode MIXED)."""
         self.forward_mode = ForwardMode.MIXED

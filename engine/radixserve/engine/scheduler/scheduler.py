@@ -43,6 +43,7 @@ from radixserve.engine.scheduler.retraction import NewTokenRatio, retract_decode
 from radixserve.engine.scheduler.schedule_batch import KVContext, ScheduleBatch
 from radixserve.engine.scheduler.schedule_policy import SchedulePolicy
 from radixserve.engine.scheduler.speculation import Speculator
+from radixserve.engine.scheduler.standalone_drafter import StandaloneDrafter
 from radixserve.engine.scheduler.tree_cache_setup import hicache_load, make_tree_cache
 from radixserve.engine.speculative import VerifyOutput
 
@@ -59,6 +60,7 @@ class Scheduler:
         args: ServerArgs,
         runner: ModelRunner,
         grammar_backend: BaseGrammarBackend | None = None,
+        draft_runner: ModelRunner | None = None,
     ) -> None:
         self.args = args
         self.runner = runner
@@ -93,7 +95,8 @@ class Scheduler:
         # constrained requests wait here until their grammar compiled
         self.grammars = GrammarQueue(grammar_backend, runner.groups.attn_cpu)
         # --speculative-algorithm: drafts for decode steps, verified in one forward
-        self.spec = Speculator(args, self.kv) if args.speculative_algorithm else None
+        drafter = StandaloneDrafter(draft_runner) if draft_runner is not None else None
+        self.spec = Speculator(args, self.kv, drafter) if args.speculative_algorithm else None
 
     @property
     def tree_cache(self) -> BasePrefixCache:
@@ -278,11 +281,9 @@ class Scheduler:
     def update_running_batch(self) -> ScheduleBatch:
         batch = self.running_batch
         batch.filter_batch()
-        drafts = self.spec.propose(batch.reqs) if self.spec is not None else None
-        if drafts is not None and self.spec is not None and self.spec.fits(batch.reqs, drafts):
+        if self.spec is not None and self.spec.prepare(batch):
             self.ratio.decay()
-            batch.prepare_for_verify(drafts)  # where the slots do not fit: a plain decode
-            return batch
+            return batch  # a verify; where no drafts (or their slots) came: a plain decode
         if not self._decode_mem_ok(batch):
             retracted = retract_decode(batch, self.tree_cache, self._decode_mem_ok)
             self.total_retractions += len(retracted)

@@ -11,7 +11,7 @@ the detokenizer's.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
@@ -27,7 +27,7 @@ from radixserve.engine.constrained import (
 )
 from radixserve.engine.distributed import ParallelGroups
 from radixserve.engine.ipc.messages import TokenizedGenerateReq
-from radixserve.engine.model_executor.model_runner import ModelRunner
+from radixserve.engine.model_executor.model_runner import ModelRunner, kv_cell_bytes
 from radixserve.engine.model_loader import load_model_files, resolve_model
 from radixserve.engine.model_loader.loader import LoadedModelFiles, load_tokenizer
 from radixserve.engine.model_loader.source import ModelSource
@@ -36,6 +36,25 @@ from radixserve.engine.sampling import SamplingParams, make_generator
 from radixserve.engine.scheduler.req import Req, StopCriteria
 from radixserve.engine.scheduler.scheduler import Scheduler
 from radixserve.engine.scheduler.tree_cache_setup import storage_id
+
+
+def _draft_files(args: ServerArgs) -> LoadedModelFiles:
+    """STANDALONE's draft model, in the target's dtype (checked at launch: its vocabulary)."""
+    assert args.speculative_draft_model_path is not None  # ServerArgs checked it
+    return load_model_files(resolve_model(args.speculative_draft_model_path), args.resolved_dtype)
+
+
+def _draft_args(args: ServerArgs) -> ServerArgs:
+    """The draft runner's view: its own model, no expert recording or balancing of its own."""
+    return replace(
+        args,
+        model_path=args.speculative_draft_model_path or args.model_path,
+        revision=None,
+        expert_distribution_recorder_mode=None,
+        enable_eplb=False,
+        ep_num_redundant_experts=0,
+        init_expert_location="trivial",
+    )
 
 
 def stop_criteria(params: SamplingParams, eos_ids: frozenset[int]) -> StopCriteria:
@@ -70,9 +89,29 @@ class SchedulerCore:
         self.model_config = self.files.config
         if groups is not None and groups.attn_tp.size > 1:
             check_tp_layout(self.files.config, groups.attn_tp.size)
-        self.runner = ModelRunner(args, self.files, model, groups)
+        self.draft_files: LoadedModelFiles | None = None
+        self.draft_runner: ModelRunner | None = None
+        if args.speculative_algorithm == "STANDALONE":
+            same = reuse is not None and reuse.server_args.speculative_draft_model_path == (
+                args.speculative_draft_model_path
+            )
+            self.draft_files = reuse.draft_files if same and reuse is not None else None
+            self.draft_files = self.draft_files or _draft_files(args)
+        draft_cell = 0 if self.draft_files is None else kv_cell_bytes(self.draft_files.config)
+        self.runner = ModelRunner(args, self.files, model, groups, draft_cell_bytes=draft_cell)
+        if self.draft_files is not None:
+            reused = reuse.draft_runner if reuse is not None and same else None
+            self.draft_runner = ModelRunner(
+                _draft_args(args),
+                self.draft_files,
+                reused.model if reused is not None else None,
+                groups,
+                slots_of=self.runner,
+            )
         self.eos_token_ids = frozenset(self.files.config.eos_token_ids)
-        self.scheduler = Scheduler(args, self.runner, self._grammar_backend(args, reuse))
+        self.scheduler = Scheduler(
+            args, self.runner, self._grammar_backend(args, reuse), self.draft_runner
+        )
 
     def _grammar_backend(
         self, args: ServerArgs, reuse: SchedulerCore | None

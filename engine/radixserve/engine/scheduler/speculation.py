@@ -1,8 +1,9 @@
-"""The scheduler's side of speculative decoding (--speculative-algorithm NGRAM).
+"""The scheduler's side of speculative decoding (--speculative-algorithm NGRAM | STANDALONE).
 
-Before a decode step, `Speculator.propose` looks up drafts for the running requests; where any
-request has some (and their KV slots fit), the step is a verify (`prepare_for_verify`) instead
-of a decode. After it, `commit` keeps the KV of what was accepted and frees the rejected slots
+Before a decode step, `Speculator.prepare` drafts for the running requests (NGRAM: looked up
+in recent text; STANDALONE: a draft model's chain, standalone_drafter.py); where any request
+has drafts (and their KV slots fit), the step is a verify (`prepare_for_verify`) instead of a
+decode. After it, `commit` keeps the KV of what was accepted and frees the rejected slots
 at once, so the pool, the radix cache and a later retraction only ever see accepted tokens.
 
 Requests that cannot be verified exactly get no drafts and decode as before in the same
@@ -18,7 +19,8 @@ from dataclasses import dataclass, field
 from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.ipc.messages import SpecLoad
 from radixserve.engine.scheduler.req import Req
-from radixserve.engine.scheduler.schedule_batch import KVContext
+from radixserve.engine.scheduler.schedule_batch import KVContext, ScheduleBatch
+from radixserve.engine.scheduler.standalone_drafter import StandaloneDrafter
 from radixserve.engine.speculative import NgramConfig, NgramCorpus, VerifyOutput
 
 
@@ -39,8 +41,13 @@ class SpecStats:
 class Speculator:
     """NGRAM drafts for a scheduler's running requests, and the KV bookkeeping of a verify."""
 
-    def __init__(self, args: ServerArgs, kv: KVContext) -> None:
+    def __init__(
+        self, args: ServerArgs, kv: KVContext, drafter: StandaloneDrafter | None = None
+    ) -> None:
         self.kv = kv
+        self.drafter = drafter  # STANDALONE; NGRAM looks drafts up in its corpus
+        if (drafter is not None) != (args.speculative_algorithm == "STANDALONE"):
+            raise ValueError("speculative_algorithm: STANDALONE drafts with a draft model only")
         self.num_drafts = args.draft_tokens - 1
         self.off_at = args.speculative_disable_by_batch_size
         self.corpus = NgramCorpus(
@@ -53,24 +60,37 @@ class Speculator:
         self.stats = SpecStats(accept_length_counts=[0] * (args.draft_tokens + 1))
         self._launched_at = 0.0
 
-    def propose(self, reqs: list[Req]) -> list[list[int]] | None:
-        """Each request's drafts, or None when no request has any (or the batch is at least
-        --speculative-disable-by-batch-size): then the step is a plain decode."""
+    def prepare(self, batch: ScheduleBatch) -> bool:
+        """Make `batch` a verify of its requests' drafts; False (the batch untouched: a plain
+        decode follows) when no request has any, their slots do not fit, or the batch is at
+        least --speculative-disable-by-batch-size."""
+        reqs = batch.reqs
         if self.off_at is not None and len(reqs) >= self.off_at:
-            return None
+            return False
         start = time.perf_counter()
         drafts = [self._draft(r) for r in reqs]
+        ok = any(drafts) and self.fits(reqs, drafts)
+        if ok:
+            batch.prepare_for_verify(drafts)
+            if self.drafter is not None:  # the placeholders become the draft model's chain
+                self.drafter.fill(reqs, drafts)
+                batch.set_drafts(drafts)
         self.stats.draft_seconds += time.perf_counter() - start
-        return drafts if any(drafts) else None
+        return ok
 
     def _draft(self, req: Req) -> list[int]:
-        ids = req.full_ids()
-        self.corpus.sync(req.rid, ids)
+        """NGRAM: the corpus's continuation; STANDALONE: placeholders for the draft's chain."""
+        if self.drafter is None:
+            self.corpus.sync(req.rid, req.full_ids())
         if req.grammar is not None:
             return []
         # drafts beyond max_new_tokens could never be emitted: the bonus token comes after them
-        room = req.sampling_params.max_new_tokens - len(req.output_ids) - 1
-        return self.corpus.propose(ids, min(self.num_drafts, room)) if room > 0 else []
+        room = min(self.num_drafts, req.sampling_params.max_new_tokens - len(req.output_ids) - 1)
+        if room <= 0:
+            return []
+        if self.drafter is not None:
+            return [0] * room
+        return self.corpus.propose(req.full_ids(), room)
 
     def fits(self, reqs: list[Req], drafts: list[list[int]]) -> bool:
         """Whether the pool has the verify's slots (after evicting cached prefixes)."""
@@ -114,6 +134,7 @@ class Speculator:
             row = self.kv.req_to_token_pool.req_to_token[req.req_pool_idx]
             self.kv.allocator.free(row[first_free:end].clone())
         req.kv_allocated_len = min(kept, end)
+        req.spec_draft_kv_len = min(req.spec_draft_kv_len, kept)  # past it: rejected tokens'
 
     def load(self) -> SpecLoad:
         s = self.stats
