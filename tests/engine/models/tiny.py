@@ -243,3 +243,43 @@ def tiny_models(
     finally:
         for t in built.values():
             t.engine.shutdown()
+
+
+def save_tiny_eagle(folder: Path, target: Any, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A random EAGLE-1 draft head for the HF model `target` (a tiny Llama), saved as SGLang's
+    `LlamaForCausalLMEagle` with EAGLE's tensor names (`fc.*`, `layers.0.*`, no input norm, no
+    embedding or LM head: the target's are shared); returns its tensors."""
+    import json
+
+    from safetensors.torch import save_file
+
+    c = target.config
+    config = {
+        **{k: v for k, v in c.to_dict().items() if not k.startswith("_")},
+        "architectures": ["LlamaForCausalLMEagle"],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+    }
+    gen = torch.Generator().manual_seed(seed)
+    h, inter = c.hidden_size, c.intermediate_size
+    q, kv = (
+        c.num_attention_heads * (h // c.num_attention_heads),
+        c.num_key_value_heads * (h // c.num_attention_heads),
+    )
+    shapes = {
+        "fc.weight": (h, 2 * h),
+        "fc.bias": (h,),
+        "layers.0.self_attn.q_proj.weight": (q, h),
+        "layers.0.self_attn.k_proj.weight": (kv, h),
+        "layers.0.self_attn.v_proj.weight": (kv, h),
+        "layers.0.self_attn.o_proj.weight": (h, q),
+        "layers.0.mlp.gate_proj.weight": (inter, h),
+        "layers.0.mlp.up_proj.weight": (inter, h),
+        "layers.0.mlp.down_proj.weight": (h, inter),
+    }
+    tensors = {n: 0.15 * torch.randn(s, generator=gen) for n, s in shapes.items()}
+    tensors["layers.0.post_attention_layernorm.weight"] = 1 + 0.2 * torch.randn(h, generator=gen)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config))
+    return tensors

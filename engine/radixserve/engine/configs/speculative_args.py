@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from radixserve.engine.configs.model_config import ModelConfig
     from radixserve.engine.configs.server_args import ServerArgs
 
-SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE")  # scheduler.speculation
+SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE", "EAGLE")  # scheduler.speculation
+DRAFT_MODEL_ALGORITHMS = ("STANDALONE", "EAGLE")  # those with --speculative-draft-model-path
 NGRAM_DRAFT_TOKENS = 8  # --speculative-num-draft-tokens's default for NGRAM
 STANDALONE_STEPS = 3  # --speculative-num-steps's default (SGLang's for STANDALONE)
 MAX_DRAFT_TOKENS = 64
@@ -25,7 +26,7 @@ def draft_tokens(args: ServerArgs) -> int:
     n = args.speculative_num_draft_tokens
     if n is not None:
         return n
-    if args.speculative_algorithm == "STANDALONE":
+    if args.speculative_algorithm in DRAFT_MODEL_ALGORITHMS:
         return (args.speculative_num_steps or STANDALONE_STEPS) + 1
     return NGRAM_DRAFT_TOKENS
 
@@ -53,7 +54,7 @@ def check_speculative(args: ServerArgs) -> None:
         "speculative_eagle_topk",
         f"only 1 (a chain of drafts) is served; trees are not yet, got {topk}",
     )
-    if algorithm == "STANDALONE":
+    if algorithm in DRAFT_MODEL_ALGORITHMS:
         _check_standalone(args, n)
     else:
         _check_ngram(args)
@@ -67,7 +68,8 @@ def _check_standalone(args: ServerArgs, n: int) -> None:
     check_flag(
         args.speculative_draft_model_path is not None,
         "speculative_draft_model_path",
-        "STANDALONE needs a draft model (a smaller model with the target's vocabulary)",
+        f"{args.speculative_algorithm} needs a draft model (STANDALONE: a smaller model with "
+        "the target's vocabulary; EAGLE: a draft head)",
     )
     steps = args.speculative_num_steps or STANDALONE_STEPS
     check_flag(steps >= 1, "speculative_num_steps", f"must be ≥ 1, got {steps}")
@@ -91,9 +93,17 @@ def _check_ngram(args: ServerArgs) -> None:
     check_flag(cap >= 1, "speculative_ngram_capacity", f"must be ≥ 1, got {cap}")
 
 
-def check_draft_model(target: ModelConfig, draft: ModelConfig) -> None:
+def check_draft_model(target: ModelConfig, draft: ModelConfig, eagle: bool = False) -> None:
     """A draft must propose the target's token ids: the same vocabulary size (its tokenizer is
-    the target's), and fit the target's context."""
+    the target's), and fit the target's context; an EAGLE head reads the target's hidden
+    states, so it has their width."""
+    if eagle:
+        check_flag(
+            draft.hidden_size == target.hidden_size,
+            "speculative_draft_model_path",
+            f"the EAGLE head's hidden size {draft.hidden_size} is not the target's "
+            f"{target.hidden_size}",
+        )
     check_flag(
         draft.vocab_size == target.vocab_size,
         "speculative_draft_model_path",

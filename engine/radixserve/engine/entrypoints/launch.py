@@ -27,7 +27,7 @@ from radixserve.engine.configs.model_checks import (
     check_tp_layout,
 )
 from radixserve.engine.configs.server_args import ServerArgs
-from radixserve.engine.configs.speculative_args import check_draft_model
+from radixserve.engine.configs.speculative_args import DRAFT_MODEL_ALGORITHMS, check_draft_model
 from radixserve.engine.distributed import RankSpec
 from radixserve.engine.entrypoints.process_utils import configure_child_logging, die_with_parent
 from radixserve.engine.ipc.channels import PortArgs
@@ -85,10 +85,10 @@ class ChildProcesses:
 
 
 def check_draft_layout(args: ServerArgs) -> None:
-    """Refuse, before any process starts, a STANDALONE draft that cannot draft for the model
-    (ValueError naming --speculative-draft-model-path)."""
+    """Refuse, before any process starts, a draft model (STANDALONE) or head (EAGLE) that
+    cannot draft for the model (ValueError naming --speculative-draft-model-path)."""
     draft_path = args.speculative_draft_model_path
-    if args.speculative_algorithm != "STANDALONE" or draft_path is None:
+    if args.speculative_algorithm not in DRAFT_MODEL_ALGORITHMS or draft_path is None:
         return
     target = load_model_files(resolve_model(args.model_path, args.revision), args.resolved_dtype)
     try:
@@ -96,7 +96,7 @@ def check_draft_layout(args: ServerArgs) -> None:
     except (OSError, ValueError) as exc:
         why = f"cannot load {draft_path!r}: {exc}"
         raise ValueError(f"speculative_draft_model_path: {why}") from exc
-    check_draft_model(target.config, draft.config)
+    check_draft_model(target.config, draft.config, eagle=args.speculative_algorithm == "EAGLE")
 
 
 def check_parallel_layout(args: ServerArgs) -> None:

@@ -98,6 +98,9 @@ class ForwardBatch:
     # [B]: whether request i's extend reaches the end of its tokens, so its last token is
     # sampled (False for a chunk of a longer prompt); None: all do
     extend_completes_cpu: list[bool] | None = None
+    # EAGLE drafts: [T, hidden] the target's hidden state paired with each input token (the
+    # draft head's second input); None elsewhere
+    spec_hidden: torch.Tensor | None = None
 
     def req_kv_rows(self, max_len: int) -> torch.Tensor:
         """[B, max_len] int64 KV slots of each request's positions (beyond seq_len: junk)."""

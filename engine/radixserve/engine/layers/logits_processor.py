@@ -17,9 +17,18 @@ from radixserve.engine.layers.vocab_parallel import ParallelLMHead
 @dataclass(frozen=True, slots=True)
 class LogitsProcessorOutput:
     next_token_logits: torch.Tensor  # [B, V] float32
+    # [T, hidden] the final (normed) hidden state of every new token, where captured: what an
+    # EAGLE draft head reads with the next token
+    hidden_states: torch.Tensor | None = None
 
 
 class LogitsProcessor(nn.Module):
+    """`capture_hidden`: also return every new token's hidden state (EAGLE's target and head)."""
+
+    def __init__(self, capture_hidden: bool = False) -> None:
+        super().__init__()
+        self.capture_hidden = capture_hidden
+
     def forward(
         self, hidden: torch.Tensor, lm_head: ParallelLMHead, forward_batch: ForwardBatch
     ) -> LogitsProcessorOutput:
@@ -31,4 +40,4 @@ class LogitsProcessor(nn.Module):
         else:
             ends = torch.tensor(forward_batch.extend_seq_lens_cpu, device=hidden.device).cumsum(0)
             last = hidden[ends - 1]
-        return LogitsProcessorOutput(lm_head(last))
+        return LogitsProcessorOutput(lm_head(last), hidden if self.capture_hidden else None)

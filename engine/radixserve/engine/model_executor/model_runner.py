@@ -257,6 +257,8 @@ class ModelRunner:
                 self.sizes.max_total_tokens, args.page_size, self.device
             )
         self.token_to_kv_pool = self._create_pool()
+        # EAGLE's target: every token's final hidden state, by KV slot (the draft head's input)
+        self.hidden_pool = self._create_hidden_pool() if slots_of is None else None
         self.attn_backend = self._create_backend()
         self.graph_runner = self._maybe_capture_graphs()
         logger.info(
@@ -282,6 +284,17 @@ class ModelRunner:
     def kv_cell_bytes(self) -> int:
         """This rank's KV bytes per token (all layers)."""
         return kv_cell_bytes(self.model_config, self.num_local_kv_heads)
+
+    def _create_hidden_pool(self) -> torch.Tensor | None:
+        if self.args.speculative_algorithm != "EAGLE":
+            return None
+        processor = getattr(self.model, "logits_processor", None)
+        if processor is None:
+            name = type(self.model).__name__
+            raise ValueError(f"speculative_algorithm: EAGLE needs {name}'s hidden states")
+        processor.capture_hidden = True
+        c, rows = self.model_config, self.sizes.max_total_tokens + self.args.page_size
+        return torch.zeros(rows, c.hidden_size, dtype=c.dtype, device=self.device)
 
     def _create_pool(self) -> MHATokenToKVPool:
         c, size, page = self.model_config, self.sizes.max_total_tokens, self.args.page_size
@@ -360,6 +373,9 @@ class ModelRunner:
         args, backend = self.args, self.attn_backend
         if self.device.type != "cuda" or args.disable_cuda_graph:
             return None
+        if self.hidden_pool is not None:
+            logger.info("cuda_graph off: EAGLE's hidden states are not captured in graphs yet")
+            return None
         if not isinstance(backend, TritonAttnBackend):
             why = f"attention_backend={args.resolved_attention_backend} (graphs: triton only)"
         elif self.groups.world.size > 1 or args.enable_dp_attention:
@@ -407,6 +423,7 @@ class ModelRunner:
         """Free the KV buffers now rather than whenever the runner is collected (and the
         decode graphs, which hold their addresses and their own memory pool)."""
         self.graph_runner = None
+        self.hidden_pool = None
         self.token_to_kv_pool.k_buffer.clear()
         self.token_to_kv_pool.v_buffer.clear()
 
@@ -423,6 +440,10 @@ class ModelRunner:
         with torch.inference_mode():
             out: LogitsProcessorOutput = self.model(
                 forward_batch.input_ids, forward_batch.positions, forward_batch
+            )
+        if self.hidden_pool is not None and out.hidden_states is not None:
+            self.hidden_pool[forward_batch.out_cache_loc] = out.hidden_states.to(
+                self.hidden_pool.dtype
             )
         if self.expert_recorder is not None:
             self.expert_recorder.end_pass()

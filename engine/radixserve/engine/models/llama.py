@@ -240,26 +240,32 @@ class LlamaForCausalLM(CausalLM):
             raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:5]} …")
 
     def _load_one(self, params: dict[str, nn.Parameter], name: str, w: Weight) -> str:
-        parts = name.split(".")
-        is_bias = name.endswith(".bias")
-        for proj, (fused, shard) in _STACKED.items():
-            if proj in parts:
-                target = name.replace(proj, fused)
-                module = self.get_submodule(target.rsplit(".", 1)[0])
-                assert isinstance(module, ColumnParallelLinear)
-                module.load_shard(shard, w, is_bias)
-                return target
-        if name not in params:
-            raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
-        owner = self.get_submodule(name.rsplit(".", 1)[0])
-        if isinstance(owner, _SHARDED):
-            owner.load_full(w, is_bias)  # copies this rank's slice only
-            return name
-        param = params[name]
-        if param.shape != weight_shape(w):
-            raise ValueError(f"{name}: shape {weight_shape(w)} ≠ model {tuple(param.shape)}")
-        param.data.copy_(read_full(w))
+        return load_tensor(self, params, name, w)
+
+
+def load_tensor(model: nn.Module, params: dict[str, nn.Parameter], name: str, w: Weight) -> str:
+    """Copy checkpoint tensor `name` into `model` (a Llama-layout module: fused q/k/v and
+    gate/up filled shard by shard, TP-sharded modules their slice); the parameter it filled."""
+    parts = name.split(".")
+    is_bias = name.endswith(".bias")
+    for proj, (fused, shard) in _STACKED.items():
+        if proj in parts:
+            target = name.replace(proj, fused)
+            module = model.get_submodule(target.rsplit(".", 1)[0])
+            assert isinstance(module, ColumnParallelLinear)
+            module.load_shard(shard, w, is_bias)
+            return target
+    if name not in params:
+        raise ValueError(f"checkpoint tensor {name!r} has no place in {type(model).__name__}")
+    owner = model.get_submodule(name.rsplit(".", 1)[0])
+    if isinstance(owner, _SHARDED):
+        owner.load_full(w, is_bias)  # copies this rank's slice only
         return name
+    param = params[name]
+    if param.shape != weight_shape(w):
+        raise ValueError(f"{name}: shape {weight_shape(w)} ≠ model {tuple(param.shape)}")
+    param.data.copy_(read_full(w))
+    return name
 
 
 _SHARDED = (RowParallelLinear, VocabParallelEmbedding, ParallelLMHead, ColumnParallelLinear)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from radixserve.engine.models.base import CausalLM
 from radixserve.engine.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from radixserve.engine.models.llama import LlamaForCausalLM
+from radixserve.engine.models.llama_eagle import LlamaForCausalLMEagle
 from radixserve.engine.models.mixtral import MixtralForCausalLM
 from radixserve.engine.models.qwen2 import Qwen2ForCausalLM
 from radixserve.engine.models.qwen2_moe import Qwen2MoeForCausalLM
@@ -15,6 +16,7 @@ _MODELS: dict[str, type[CausalLM]] = {
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
+    "LlamaForCausalLMEagle": LlamaForCausalLMEagle,  # an EAGLE draft head (speculative)
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,

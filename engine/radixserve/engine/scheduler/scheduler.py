@@ -95,7 +95,8 @@ class Scheduler:
         # constrained requests wait here until their grammar compiled
         self.grammars = GrammarQueue(grammar_backend, runner.groups.attn_cpu)
         # --speculative-algorithm: drafts for decode steps, verified in one forward
-        drafter = StandaloneDrafter(draft_runner) if draft_runner is not None else None
+        eagle = runner if args.speculative_algorithm == "EAGLE" else None
+        drafter = None if draft_runner is None else StandaloneDrafter(draft_runner, eagle)
         self.spec = Speculator(args, self.kv, drafter) if args.speculative_algorithm else None
 
     @property

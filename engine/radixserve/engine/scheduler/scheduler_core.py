@@ -18,6 +18,7 @@ import torch
 
 from radixserve.engine.configs.model_checks import check_tp_layout
 from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.configs.speculative_args import DRAFT_MODEL_ALGORITHMS
 from radixserve.engine.constrained import (
     THINK_END,
     BaseGrammarBackend,
@@ -39,7 +40,8 @@ from radixserve.engine.scheduler.tree_cache_setup import storage_id
 
 
 def _draft_files(args: ServerArgs) -> LoadedModelFiles:
-    """STANDALONE's draft model, in the target's dtype (checked at launch: its vocabulary)."""
+    """The draft model (STANDALONE) or head (EAGLE) in the target's dtype (checked at launch:
+    its vocabulary)."""
     assert args.speculative_draft_model_path is not None  # ServerArgs checked it
     return load_model_files(resolve_model(args.speculative_draft_model_path), args.resolved_dtype)
 
@@ -91,7 +93,7 @@ class SchedulerCore:
             check_tp_layout(self.files.config, groups.attn_tp.size)
         self.draft_files: LoadedModelFiles | None = None
         self.draft_runner: ModelRunner | None = None
-        if args.speculative_algorithm == "STANDALONE":
+        if args.speculative_algorithm in DRAFT_MODEL_ALGORITHMS:
             same = reuse is not None and reuse.server_args.speculative_draft_model_path == (
                 args.speculative_draft_model_path
             )
@@ -108,6 +110,9 @@ class SchedulerCore:
                 groups,
                 slots_of=self.runner,
             )
+            share = getattr(self.draft_runner.model, "share_embed_and_head", None)
+            if share is not None:  # an EAGLE head: the target's embedding and LM head
+                share(self.runner.model)
         self.eos_token_ids = frozenset(self.files.config.eos_token_ids)
         self.scheduler = Scheduler(
             args, self.runner, self._grammar_backend(args, reuse), self.draft_runner

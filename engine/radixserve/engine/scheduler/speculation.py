@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.configs.speculative_args import DRAFT_MODEL_ALGORITHMS
 from radixserve.engine.ipc.messages import SpecLoad
 from radixserve.engine.scheduler.req import Req
 from radixserve.engine.scheduler.schedule_batch import KVContext, ScheduleBatch
@@ -46,8 +47,8 @@ class Speculator:
     ) -> None:
         self.kv = kv
         self.drafter = drafter  # STANDALONE; NGRAM looks drafts up in its corpus
-        if (drafter is not None) != (args.speculative_algorithm == "STANDALONE"):
-            raise ValueError("speculative_algorithm: STANDALONE drafts with a draft model only")
+        if (drafter is not None) != (args.speculative_algorithm in DRAFT_MODEL_ALGORITHMS):
+            raise ValueError("speculative_algorithm: a draft model drafts for STANDALONE / EAGLE")
         self.num_drafts = args.draft_tokens - 1
         self.off_at = args.speculative_disable_by_batch_size
         self.corpus = NgramCorpus(
@@ -79,7 +80,8 @@ class Speculator:
         return ok
 
     def _draft(self, req: Req) -> list[int]:
-        """NGRAM: the corpus's continuation; STANDALONE: placeholders for the draft's chain."""
+        """NGRAM: the corpus's continuation; STANDALONE / EAGLE: placeholders for the draft's
+        chain."""
         if self.drafter is None:
             self.corpus.sync(req.rid, req.full_ids())
         if req.grammar is not None:
