@@ -36,6 +36,10 @@ def has_cuda() -> bool:
 if not has_cuda():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# One co-located server and one prefill/decode pair, shared by the PD modules whose tests leave
+# them as they found them (its docstring says which, and how they are grouped and stopped).
+pytest_plugins = ("tests.engine.disaggregation.shared_pd",)
+
 SMOLLM = "smollm2-135m"
 
 PROMPTS = [
@@ -83,6 +87,19 @@ def hf_smollm(smollm_source: Any) -> Any:
 
     model = AutoModelForCausalLM.from_pretrained(
         str(smollm_source.directory), gguf_file=smollm_source.path.name, dtype=torch.float32
+    )
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def hf_bf16(smollm_source: Any) -> Any:
+    """transformers' Llama on the same GGUF in bfloat16: the oracle of the bf16 tests
+    (test_bf16_vs_transformers.py, test_same_answers.py), loaded once (~12 s)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(smollm_source.directory), gguf_file=smollm_source.path.name, dtype=torch.bfloat16
     )
     return model.eval()
 

@@ -60,16 +60,6 @@ MODES = {"default": {}, "deterministic": {"enable_deterministic_inference": True
 Answer = tuple[list[int], list[float]]  # output ids, their log-probabilities
 
 
-@pytest.fixture(scope="module")
-def hf_bf16(smollm_source: Any) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        str(smollm_source.directory), gguf_file=smollm_source.path.name, dtype=torch.bfloat16
-    )
-    return model.eval()
-
-
 @pytest.fixture(scope="module", params=list(PATHS.values()), ids=list(PATHS))
 def path_args(request: pytest.FixtureRequest) -> dict[str, Any]:
     return dict(request.param)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import openai
 import pytest
 
 from tests.child_env import child_env
-from tests.engine.disaggregation.pd_servers import COMMON, Pair, at_rest, load, pd_pair
+from tests.engine.disaggregation.pd_servers import COMMON, Pair, at_rest, load
 from tests.engine.server.live_server import LiveServer, live_server
 from tests.ports import free_port
 from tests.router.router_proc import router_proc
@@ -29,16 +28,16 @@ CHAT: dict[str, Any] = {"model": "smollm2-135m", "max_tokens": 16, "temperature"
 TURN_1 = [{"role": "user", "content": "Name a large city in France and say one fact about it."}]
 
 
+# Shared with tests/engine/disaggregation/test_pd_servers.py (shared_pd.py): every test here
+# leaves them at rest (_settle); the one that needs a failing decode starts its own.
 @pytest.fixture(scope="module")
-def colocated() -> Iterator[LiveServer]:
-    with live_server(*COMMON) as server:
-        yield server
+def colocated(pd_shared_colocated: LiveServer) -> LiveServer:
+    return pd_shared_colocated
 
 
 @pytest.fixture(scope="module")
-def pair() -> Iterator[Pair]:
-    with pd_pair() as p:
-        yield p
+def pair(pd_shared_pair: Pair) -> Pair:
+    return pd_shared_pair
 
 
 def _conversation(base_url: str) -> tuple[list[str], int]:

@@ -29,16 +29,6 @@ MIN_AGREEMENT = 0.9
 
 
 @pytest.fixture(scope="module")
-def hf_bf16(smollm_source: Any) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        str(smollm_source.directory), gguf_file=smollm_source.path.name, dtype=torch.bfloat16
-    )
-    return model.eval()
-
-
-@pytest.fixture(scope="module")
 def bf16_engine() -> Iterator[Any]:
     from radixserve.engine import EngineCore
 

@@ -6,7 +6,6 @@ mismatch refused on both sides."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,7 +21,6 @@ from tests.engine.disaggregation.pd_servers import (
     at_rest,
     bootstrap_fields,
     load,
-    pd_pair,
     send_both,
 )
 from tests.engine.server.live_server import LiveServer, live_server
@@ -50,18 +48,17 @@ BATCH = PROMPTS + [SYSTEM + q for q in QUESTIONS]
 GREEDY = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
 
 
+# Shared with tests/router/test_router_pd.py (shared_pd.py): no test here leaves them changed.
+# The pair's decode releases an aborted room's pages after 4 s, not 30 (shared_pd.PAIR_ENV),
+# so the abort test's "at rest" comes sooner; no test here writes late.
 @pytest.fixture(scope="module")
-def colocated() -> Iterator[LiveServer]:
-    with live_server(*COMMON) as server:
-        yield server
+def colocated(pd_shared_colocated: LiveServer) -> LiveServer:
+    return pd_shared_colocated
 
 
 @pytest.fixture(scope="module")
-def pair() -> Iterator[Pair]:
-    # An aborted decode room keeps its pages for a write still under way (30 s by default):
-    # shortened, so the abort test's "at rest" comes sooner; no test here writes late.
-    with pd_pair(env={"SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT": "4"}) as p:
-        yield p
+def pair(pd_shared_pair: Pair) -> Pair:
+    return pd_shared_pair
 
 
 def _generate(url: str, text: str, extra: dict[str, Any] | None = None) -> httpx.Response:
