@@ -80,6 +80,9 @@ def test_disconnect_mid_stream_aborts_and_frees_the_pool(server: LiveServer) -> 
         time.sleep(0.2)
     state = httpx.get(server.base_url + "/server_info", timeout=10).json()
     assert state["speculative_algorithm"] == "NGRAM"
+    load = httpx.get(server.base_url + "/get_load", timeout=10).json()
+    assert load["num_prefill_bootstrap_queue_reqs"] == 0  # fields at their default stay
+    assert load["spec"]["verify_steps"] > 0 and load["hicache"] is None
 
 
 def test_metrics_show_the_acceptance(server: LiveServer) -> None:

@@ -192,8 +192,10 @@ def install_native_routes(app: FastAPI) -> None:  # noqa: C901 - one closure per
     async def get_load(request: Request) -> Any:
         """One scheduler's load as an object; with --dp-size > 1 a list, one per DP rank.
         Nested parts (HiCache's, the experts', speculation's) as objects too."""
+        # every field, defaults too (to_builtins of the whole struct would drop them)
         loads = [
-            msgspec.to_builtins(load) for load in await st(request).tokenizer_manager.get_load()
+            {f: msgspec.to_builtins(getattr(load, f)) for f in load.__struct_fields__}
+            for load in await st(request).tokenizer_manager.get_load()
         ]
         return loads if len(loads) > 1 else loads[0]
 
