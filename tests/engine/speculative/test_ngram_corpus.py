@@ -63,3 +63,15 @@ def test_capacity_drops_the_oldest_sequences() -> None:
         c.sync(f"s{i}", [i, i + 1, i + 2])
     assert len(c) <= 8
     assert len(c._index) <= 2 * 4 * 8 + 4 * 3
+
+
+def test_the_request_s_own_text_first_at_each_length() -> None:
+    c = corpus()
+    c.sync("me", [1, 2, 3, 10, 11, 1, 2])
+    c.sync("other", [5, 2, 20, 21])  # "2" newer elsewhere, followed by 20
+    me = [1, 2, 3, 10, 11, 1, 2]
+    assert c.propose(me, 2, "me") == [3, 10]  # "1 2" (and "2") in its own text: its own
+    assert c.propose(me, 2) == [3, 10]  # the longest match is its own anyway
+    c.sync("other", [5, 2, 20, 21, 9, 1, 2, 30])  # now "1 2" is newer in "other"
+    assert c.propose(me, 2) == [30]  # without a key: the newest anywhere
+    assert c.propose(me, 2, "me") == [3, 10]

@@ -92,7 +92,7 @@ class Speculator:
             return []
         if self.drafter is not None:
             return [0] * room
-        return self.corpus.propose(req.full_ids(), room)
+        return self.corpus.propose(req.full_ids(), room, req.rid)
 
     def fits(self, reqs: list[Req], drafts: list[list[int]]) -> bool:
         """Whether the pool has the verify's slots (after evicting cached prefixes)."""

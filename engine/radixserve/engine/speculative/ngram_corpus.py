@@ -5,12 +5,13 @@ requests' text: the continuation of the last place the context's suffix appeared
 guess of what comes next, and costs a dictionary lookup.
 
 The corpus holds the token sequences of recent requests (each running request's prompt and
-output so far; finished ones stay until `capacity` tokens push the oldest out) and an index
+output so far; finished ones stay until `capacity` tokens push the oldest out) and two indexes
 from every n-gram (n in [min_window, max_window]) to the newest place it was followed by a
-token. A draft is the continuation of the longest suffix of the request's context found in
-the index: the longest match is the most specific evidence, the newest the most relevant.
-An n-gram enters the index only once a token follows it, so a request's own suffix never
-matches itself.
+token: one per sequence and one over all of them. A draft is the continuation of the longest
+suffix of the request's context found, in its own text first (what it already said or was
+shown is the best evidence of what it says next), else in any request's: the longest match is
+the most specific, the newest the most relevant. An n-gram enters an index only once a token
+follows it, so a request's own suffix never matches itself.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class NgramCorpus:
         self.config = config
         self._seqs: OrderedDict[str, list[int]] = OrderedDict()  # oldest first
         self._index: dict[tuple[int, ...], tuple[str, int]] = {}  # n-gram → (seq, next pos)
+        self._own: dict[str, dict[tuple[int, ...], int]] = {}  # per sequence: n-gram → next pos
         self._tokens = 0
 
     def __len__(self) -> int:
@@ -57,16 +59,24 @@ class NgramCorpus:
     def _index_from(self, key: str, seq: list[int], start: int) -> None:
         """Index the n-grams that end just before each position p ≥ `start` (now followed)."""
         low, high = self.config.min_window, self.config.max_window
-        index = self._index
+        index, own = self._index, self._own.setdefault(key, {})
         for p in range(start, len(seq)):
             for n in range(low, min(high, p) + 1):
-                index[tuple(seq[p - n : p])] = (key, p)
+                gram = tuple(seq[p - n : p])
+                index[gram] = (key, p)
+                own[gram] = p
 
-    def propose(self, ids: list[int], num: int) -> list[int]:
-        """Up to `num` draft tokens to follow `ids`, or none where no suffix matches."""
+    def propose(self, ids: list[int], num: int, key: str | None = None) -> list[int]:
+        """Up to `num` draft tokens to follow `ids` (sequence `key`'s, when it is one), or none
+        where no suffix matches."""
         low, high = self.config.min_window, self.config.max_window
+        own = self._own.get(key) if key is not None else None
         for n in range(min(high, len(ids)), low - 1, -1):
-            hit = self._index.get(tuple(ids[-n:]))
+            gram = tuple(ids[-n:])
+            at = own.get(gram) if own is not None else None
+            if at is not None and key is not None and at < len(ids):
+                return ids[at : at + num]
+            hit = self._index.get(gram)
             if hit is None:
                 continue
             seq = self._seqs.get(hit[0])
@@ -76,6 +86,7 @@ class NgramCorpus:
         return []
 
     def _drop(self, key: str) -> None:
+        self._own.pop(key, None)
         seq = self._seqs.pop(key, None)
         if seq is not None:
             self._tokens -= len(seq)
