@@ -7,7 +7,8 @@ through the same client (`radixserve bench serving --backend openai`, greedy):
   quote-c1 / quote-c8   quote-summary (a docstring of ours summarised with quotes), the same
   rand-c32 / rand-c64   random 128-token ids → 128 tokens (ignore_eos), 32 and 64 in flight
                         (64 and 128 prompts): large batches, where a verify's extra tokens
-                        cost compute
+                        cost compute; rand-c32-t1 the same at temperature 1 (no repetition
+                        loops: drafts found on short matches and mostly rejected)
 
 For each: output tok/s, mean TPOT (ms) and the mean tokens a verify emitted per request
 (accept length: 1 + accepted drafts per verify), read from each server's /metrics before and
@@ -49,6 +50,11 @@ WORKLOADS = {
     "rand-c64": [
         "--dataset-name", "random", "--random-input-len", "128", "--random-range-ratio", "1",
         "--max-concurrency", "64", "--num-prompts", "128", "--random-output-len", "128",
+    ],
+    "rand-c32-t1": [
+        "--dataset-name", "random", "--random-input-len", "128", "--random-range-ratio", "1",
+        "--max-concurrency", "32", "--num-prompts", "64", "--random-output-len", "128",
+        "--temperature", "1",
     ],
 }  # fmt: skip
 TEXT_OUTPUT = ["--random-output-len", "256"]
@@ -141,6 +147,8 @@ def run_workload(server: str, name: str, rnd: int) -> dict[str, float]:
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 1
     servers = sys.argv[2:] or ["ours", "ours-ngram", "vllm", "vllm-ngram"]
+    only = os.environ.get("WORKLOADS")  # e.g. WORKLOADS=rand-c32-t1: a subset
+    names = only.split(",") if only else list(WORKLOADS)
     OUT.mkdir(parents=True, exist_ok=True)
     lines = Path("/proc/cpuinfo").read_text().splitlines()
     cpu = next(ln for ln in lines if ln.startswith("model name")).split(":")[1]
@@ -156,14 +164,14 @@ def main() -> None:
                 except SystemExit as exc:  # e.g. a peer that cannot speculate here
                     print(f"round {rnd} {server}: did not start ({exc})", flush=True)
                     continue
-                for name in WORKLOADS:
+                for name in names:
                     row = run_workload(server, name, rnd)
                     rows.setdefault((name, server), []).append(row)
                     print(f"round {rnd} {server:10} {name:8} {json.dumps(row)}", flush=True)
             finally:
                 stop(proc)
     print("\nworkload | server | output tok/s | mean TPOT ms | accept length | output tokens")
-    for name in WORKLOADS:
+    for name in names:
         for server in servers:
             got = rows.get((name, server), [])
             cells = [" / ".join(f"{r[k]:.{d}f}" for r in got) for k, d in

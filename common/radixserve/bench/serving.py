@@ -89,6 +89,9 @@ def add_serving_parser(sub: Any) -> None:
         help="redraw the questions from this seed, keeping the system prompts (a warm pass "
         "over the cached prefix with new suffixes)",
     )
+    p.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)"
+    )
     p.add_argument("--request-rate", type=float, default=float("inf"))
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--vocab-size", type=int, default=49152)
@@ -155,8 +158,9 @@ async def send_one(
     req: BenchRequest,
     headers: dict[str, str] | None = None,
     schema: dict[str, Any] | None = None,
+    temperature: float = 0.0,
 ) -> RequestResult:
-    params: dict[str, Any] = {"max_new_tokens": req.output_len, "temperature": 0}
+    params: dict[str, Any] = {"max_new_tokens": req.output_len, "temperature": temperature}
     if schema is not None:
         params["json_schema"] = json.dumps(schema)
     elif not req.text:  # a text prompt's answer ends where the model ends it
@@ -193,13 +197,14 @@ async def send_one_openai(
     req: BenchRequest,
     model: str,
     schema: dict[str, Any] | None = None,
+    temperature: float = 0.0,
 ) -> RequestResult:
     """One streamed /v1/completions request; output tokens from the final usage chunk."""
     body: dict[str, Any] = {
         "model": model,
         "prompt": req.text or req.input_ids,
         "max_tokens": req.output_len,
-        "temperature": 0,
+        "temperature": temperature,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -263,9 +268,13 @@ async def run_benchmark(
         async def guarded(req: BenchRequest) -> RequestResult:
             async with limit:
                 if args.backend == "openai":
-                    out = await send_one_openai(client, args.base_url, req, model, schema)
+                    out = await send_one_openai(
+                        client, args.base_url, req, model, schema, args.temperature
+                    )
                 else:
-                    out = await send_one(client, args.base_url, req, schema=schema)
+                    out = await send_one(
+                        client, args.base_url, req, schema=schema, temperature=args.temperature
+                    )
             bar.update()
             return out
 
