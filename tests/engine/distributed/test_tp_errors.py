@@ -61,8 +61,8 @@ def test_more_ranks_than_cuda_devices(tmp_path: Path) -> None:
 
 
 def test_replicated_kv_heads_are_accepted() -> None:
-    from radixserve.engine.configs.model_config import ModelConfig
     from radixserve.engine.configs.model_checks import check_tp_layout
+    from radixserve.engine.configs.model_config import ModelConfig
 
     config = ModelConfig.from_hf_dict({**BASE, "architectures": ["LlamaForCausalLM"]})
     check_tp_layout(config, 4)  # 4 heads split, 2 KV heads each on 2 ranks
