@@ -78,6 +78,7 @@ class Req:
     spec_verify_ct: int = 0
     spec_accepted_drafts: int = 0
     spec_draft_kv_len: int = 0  # STANDALONE: positions whose KV the draft model computed
+    spec_draft_len: int = 0  # drafts it gets next (speculation.Speculator); 0: the most
     # outputs
     output_token_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)

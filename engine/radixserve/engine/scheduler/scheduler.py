@@ -448,7 +448,7 @@ class Scheduler:
         """A verify's tokens, appended one by one as decodes would have been (a request that
         finishes on one drops the rest); then its rejected KV is freed."""
         assert self.spec is not None and rec.batch.drafts is not None
-        self.spec.on_verified(rec.batch.drafts, out)
+        self.spec.on_verified(rec.reqs, rec.batch.drafts, out)
         updated: list[Req] = []
         for i, req in enumerate(rec.reqs):
             req.num_inflight -= 1

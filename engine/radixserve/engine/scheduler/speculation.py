@@ -87,7 +87,10 @@ class Speculator:
         if req.grammar is not None:
             return []
         # drafts beyond max_new_tokens could never be emitted: the bonus token comes after them
-        room = min(self.num_drafts, req.sampling_params.max_new_tokens - len(req.output_ids) - 1)
+        room = min(
+            req.spec_draft_len or self.num_drafts,
+            req.sampling_params.max_new_tokens - len(req.output_ids) - 1,
+        )
         if room <= 0:
             return []
         if self.drafter is not None:
@@ -111,17 +114,28 @@ class Speculator:
     def on_launch(self) -> None:
         self._launched_at = time.perf_counter()
 
-    def on_verified(self, drafts: list[list[int]], out: VerifyOutput) -> None:
+    def on_verified(self, reqs: list[Req], drafts: list[list[int]], out: VerifyOutput) -> None:
+        """Count the verify; set each request's next draft length (`_next_length`)."""
         stats = self.stats
         stats.verify_seconds += time.perf_counter() - self._launched_at
         stats.verify_steps += 1
-        for draft, tokens in zip(drafts, out.tokens, strict=True):
+        for req, draft, tokens in zip(reqs, drafts, out.tokens, strict=True):
             if not draft:
                 continue
+            req.spec_draft_len = self._next_length(len(draft), len(tokens) - 1)
             stats.verified_reqs += 1
             stats.proposed_drafts += len(draft)
             stats.accepted_drafts += len(tokens) - 1
             stats.accept_length_counts[len(tokens)] += 1
+
+    def _next_length(self, drafted: int, accepted: int) -> int:
+        """Drafts a request gets next time: twice as many after all were accepted, else one
+        more than were. A verify costs compute per token once the batch is large (the CPU), so
+        a request whose drafts keep failing drafts one token, not --speculative-num-draft-tokens
+        − 1; one in a copied span is back at the full length within a few steps."""
+        if accepted == drafted:
+            return min(2 * drafted, self.num_drafts)
+        return accepted + 1
 
     def commit(self, req: Req) -> None:
         """After a verify appended its tokens: keep the KV of the positions before the newest
