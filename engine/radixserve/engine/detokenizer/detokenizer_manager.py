@@ -104,6 +104,7 @@ def _str_output(out: BatchTokenIDOutput, rows: list[tuple[int, TextStep]]) -> Ba
         cols["retractions"].append(out.retractions[i])
         cols["output_token_logprobs"].append(_at(out.output_token_logprobs, i, [])[:n])
         cols["output_top_logprobs"].append(_at(out.output_top_logprobs, i, [])[:n])
+        cols["input_logprobs"].append(_at(out.input_logprobs, i, None))
         cols["queue_times"].append(_at(out.queue_times, i, None))
         cols["spec_verify_ct"].append(_at(out.spec_verify_ct, i, 0))
         cols["spec_accepted_drafts"].append(_at(out.spec_accepted_drafts, i, 0))

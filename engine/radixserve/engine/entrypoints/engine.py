@@ -54,13 +54,16 @@ class Engine:
         input_ids: list[int] | list[list[int]] | None = None,
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
+        logprob_start_len: int = -1,
         data_parallel_rank: int | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]]:
         """Same contract as EngineCore.generate; bad input raises ValueError naming the field."""
         tm = self.state.tokenizer_manager
         prompts, single = native_prompts(tm.tokenize, prompt, input_ids, text_field="prompt")
         params = per_prompt_params(sampling_params, len(prompts))
-        options = OutputOptions(False, return_logprob, top_logprobs_num, data_parallel_rank)
+        options = OutputOptions(
+            False, return_logprob, top_logprobs_num, data_parallel_rank, None, logprob_start_len
+        )
         inputs = build_inputs(prompts, params, self.state.limits, options)
         results = self._run(collect(tm, inputs))
         want_lp = return_logprob or top_logprobs_num > 0

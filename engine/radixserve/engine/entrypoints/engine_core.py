@@ -30,6 +30,7 @@ from radixserve.engine.entrypoints.request_builder import (
 )
 from radixserve.engine.ipc.finish_reason import FinishReason
 from radixserve.engine.model_loader.loader import load_tokenizer
+from radixserve.engine.scheduler import input_logprobs
 from radixserve.engine.scheduler.req import Req
 from radixserve.engine.scheduler.scheduler_core import SchedulerCore
 from radixserve.engine.tokenizer.io_struct import GenerateChunk
@@ -86,12 +87,15 @@ class EngineCore:
         input_ids: list[int] | list[list[int]] | None = None,
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
+        logprob_start_len: int = -1,
     ) -> dict[str, Any] | list[dict[str, Any]]:
         """Generate for one prompt (→ dict) or a batch (→ list, n outputs per prompt)."""
         encode = lambda text: list(self.tokenizer.encode(text))  # noqa: E731
         prompts, single = native_prompts(encode, prompt, input_ids, text_field="prompt")
         params = per_prompt_params(sampling_params, len(prompts))
-        options = OutputOptions(False, return_logprob, top_logprobs_num)
+        options = OutputOptions(
+            False, return_logprob, top_logprobs_num, logprob_start_len=logprob_start_len
+        )
         inputs = build_inputs(prompts, params, self.limits, options, check_lengths=False)
         msgs = [inp.tokenized(self.tokenizer.eos_token_id) for inp in inputs]
         reqs = [self.core.make_req(msg) for msg in msgs]
@@ -144,6 +148,7 @@ class EngineCore:
                 total_retractions=req.retraction_count,
                 token_logprobs=req.output_token_logprobs[:n],
                 top_logprobs=req.output_top_logprobs[:n],
+                input_logprobs=input_logprobs.take(req),
                 spec_verify_ct=req.spec_verify_ct,
                 spec_accepted_drafts=req.spec_accepted_drafts,
             )

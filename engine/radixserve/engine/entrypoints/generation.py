@@ -24,6 +24,7 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from radixserve.engine.ipc.finish_reason import FinishReason
+from radixserve.engine.ipc.messages import InputLogprobs
 from radixserve.engine.tokenizer.io_struct import GenerateChunk, GenerateInput
 from radixserve.engine.tokenizer.tokenizer_manager import TokenizerManager
 from radixserve.protocol.http_edge import SSE_DONE
@@ -43,6 +44,7 @@ class GenerateOutput:
     output_ids: list[int] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprobs: InputLogprobs | None = None  # the prompt's, once they came
     last: GenerateChunk | None = None
 
     def add(self, chunk: GenerateChunk) -> None:
@@ -51,6 +53,8 @@ class GenerateOutput:
         self.output_ids += chunk.output_ids
         self.token_logprobs += chunk.token_logprobs
         self.top_logprobs += chunk.top_logprobs
+        if chunk.input_logprobs is not None:
+            self.input_logprobs = chunk.input_logprobs
         self.last = chunk
 
     @property
@@ -97,7 +101,26 @@ def native_output(out: GenerateOutput, return_logprob: bool) -> dict[str, Any]:
             meta["output_top_logprobs"] = [
                 [[lp, t, None] for lp, t in row] for row in out.top_logprobs
             ]
+        if out.input_logprobs is not None:
+            meta.update(native_input_logprobs(out.input_logprobs))
     return {"text": out.text, "output_ids": list(out.output_ids), "meta_info": meta}
+
+
+def native_input_logprobs(prompt: InputLogprobs) -> dict[str, Any]:
+    """SGLang's `input_token_logprobs` (and `input_top_logprobs` where asked): a triple per
+    prompt token from logprob_start_len on; the first prompt token's log-probability (and
+    top list) is None, as it has no context."""
+    fields: dict[str, Any] = {
+        "input_token_logprobs": [
+            [lp, t, None] for lp, t in zip(prompt.token_logprobs, prompt.token_ids, strict=True)
+        ]
+    }
+    if prompt.top_logprobs:
+        fields["input_top_logprobs"] = [
+            None if lp is None else [[v, t, None] for v, t in row]
+            for lp, row in zip(prompt.token_logprobs, prompt.top_logprobs, strict=True)
+        ]
+    return fields
 
 
 def sse(payload: Any) -> bytes:

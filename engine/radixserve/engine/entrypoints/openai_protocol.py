@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from fastapi import Request
@@ -27,6 +27,7 @@ from radixserve.engine.entrypoints.request_builder import (
     build_inputs,
 )
 from radixserve.engine.ipc.finish_reason import FinishAbort, FinishLength, FinishReason
+from radixserve.engine.ipc.messages import InputLogprobs
 from radixserve.engine.tokenizer.io_struct import GenerateChunk, GenerateInput
 from radixserve.protocol.http_api import (
     COMPLETION_DEFAULT_MAX_TOKENS,
@@ -177,10 +178,22 @@ class TokenLogprobs(NamedTuple):
     """Positions of one output (or one chunk's delta): ids with their logprobs."""
 
     ids: list[int]
-    logprobs: list[float]
+    logprobs: Sequence[float | None]  # None: an echoed prompt's first token (no context)
     tops: list[list[tuple[float, int]]]
 
-    def positions(self) -> list[tuple[int, float, list[tuple[float, int]]]]:
+    @classmethod
+    def echoed(cls, prompt: InputLogprobs | None, output: TokenLogprobs) -> TokenLogprobs:
+        """The prompt's positions (echo), then the output's."""
+        if prompt is None:
+            return output
+        tops = prompt.top_logprobs or [[] for _ in prompt.token_ids]
+        return cls(
+            prompt.token_ids + output.ids,
+            [*prompt.token_logprobs, *output.logprobs],
+            tops + output.tops if output.tops else tops,
+        )
+
+    def positions(self) -> list[tuple[int, float | None, list[tuple[float, int]]]]:
         tops = self.tops
         return [
             (tok, lp, tops[i] if i < len(tops) else [])
@@ -201,8 +214,9 @@ def completion_logprobs(
     for tok, lp, top in lps.positions():
         s = text_of(tok)
         out["tokens"].append(s)
-        out["token_logprobs"].append(_lp(lp))
-        out["top_logprobs"].append({text_of(t): _lp(v) for v, t in top} if with_top else None)
+        out["token_logprobs"].append(None if lp is None else _lp(lp))
+        has_top = with_top and lp is not None
+        out["top_logprobs"].append({text_of(t): _lp(v) for v, t in top} if has_top else None)
         out["text_offset"].append(offset)
         offset += len(s)
     return out, offset
@@ -217,6 +231,8 @@ def chat_logprobs(text_of: TokenText, lps: TokenLogprobs) -> dict[str, Any]:
     """Chat `logprobs` ({"content": [...]}) for these positions."""
     content = []
     for tok, lp, top in lps.positions():
+        if lp is None:
+            continue  # only an echoed prompt has one; chat never echoes
         entry = _chat_entry(text_of, tok, lp)
         entry["top_logprobs"] = [_chat_entry(text_of, t, v) for v, t in top]
         content.append(entry)

@@ -174,13 +174,16 @@ async def create_completion(request: Request) -> Response:
     check_model(req, state.args.model_name)
     if req.suffix:
         raise InvalidRequest("suffix: not supported")
-    if req.echo and req.logprobs is not None:
-        raise InvalidRequest("echo: not supported together with logprobs (no prompt logprobs)")
     prompts = prompt_list(req.prompt, state.tokenizer_manager.tokenize)
     max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
     want_lp = req.logprobs is not None
     options = OutputOptions(
-        req.stream, want_lp, req.logprobs or 0, req.data_parallel_rank, _bootstrap(req)
+        req.stream,
+        want_lp,
+        req.logprobs or 0,
+        req.data_parallel_rank,
+        _bootstrap(req),
+        logprob_start_len=0 if req.echo else -1,  # echo: the prompt's logprobs come first
     )
     params = {**req.sampling_params(max_tokens), **response_format_params(req.response_format)}
     inputs = openai_inputs(prompts, params, state.limits, options)
@@ -203,7 +206,8 @@ async def create_completion(request: Request) -> Response:
     choices = []
     for i, out in enumerate(outs):
         reason, matched = finish_reason(out.finish_reason)
-        lp = completion_logprobs(call.text_of, _lps(out), 0, with_top)[0] if want_lp else None
+        lps = TokenLogprobs.echoed(out.input_logprobs, _lps(out))
+        lp = completion_logprobs(call.text_of, lps, 0, with_top)[0] if want_lp else None
         choices.append(
             {
                 "index": i,
@@ -228,10 +232,12 @@ def _completion_stream(
         text = chunk.text_delta
         if not echoed[i]:
             text, echoed[i] = echoes[i // call.n] + text, True
-            offsets[i] = len(echoes[i // call.n])
+            # the prompt's own logprobs (echo) start at its first character
+            offsets[i] = 0 if chunk.input_logprobs is not None else len(echoes[i // call.n])
         lp = None
         if want_lp:
-            lp, offsets[i] = completion_logprobs(call.text_of, _lps(chunk), offsets[i], with_top)
+            lps = TokenLogprobs.echoed(chunk.input_logprobs, _lps(chunk))
+            lp, offsets[i] = completion_logprobs(call.text_of, lps, offsets[i], with_top)
         if not text and reason is None and not (lp and lp["tokens"]):
             return []
         choice = {

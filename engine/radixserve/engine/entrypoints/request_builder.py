@@ -63,6 +63,9 @@ class OutputOptions:
     top_logprobs_num: int = 0
     data_parallel_rank: int | None = None  # pin every prompt of the call to this DP rank
     bootstrap: BootstrapFields | None = None  # prefill/decode disaggregation, as sent
+    # SGLang's: log-probabilities of the prompt's tokens from this one on (-1: none); with
+    # return_logprob only
+    logprob_start_len: int = -1
     # the answer opens with reasoning (--reasoning-parser): a grammar applies after </think>
     require_reasoning: bool = False
 
@@ -245,6 +248,7 @@ def build_inputs(
             raise InvalidRequest(f"input_ids: token ids must be in [0, {limits.vocab_size})")
         if check_lengths:
             check_prompt(prompt.input_ids, params.max_new_tokens, limits)
+        start = check_logprob_start_len(options.logprob_start_len, len(prompt.input_ids))
         seed = params.sampling_seed
         for i in range(params.n):
             sample = replace(params, n=1, sampling_seed=None if seed is None else seed + i)
@@ -256,12 +260,24 @@ def build_inputs(
                     options.stream,
                     want_lp,
                     options.top_logprobs_num,
+                    logprob_start_len=start if want_lp else -1,
                     data_parallel_rank=options.data_parallel_rank,
                     bootstrap=bootstrap,
                     require_reasoning=options.require_reasoning,
                 )
             )
     return out
+
+
+def check_logprob_start_len(start: object, prompt_len: int) -> int:
+    """SGLang's `logprob_start_len`: -1 (no prompt log-probabilities) or a prompt index."""
+    if not isinstance(start, int) or isinstance(start, bool) or start < -1:
+        raise InvalidRequest(f"logprob_start_len: expected an integer >= -1, got {start!r}")
+    if start >= max(prompt_len, 1):
+        raise InvalidRequest(
+            f"logprob_start_len: must be below the prompt's length ({prompt_len}), got {start}"
+        )
+    return start
 
 
 def check_dp_rank(rank: object, dp_size: int) -> None:

@@ -11,6 +11,14 @@ from radixserve.engine.forward_batch.forward_batch_info import (
     AttentionLayer,
     ForwardBatch,
     ForwardMode,
+    InputLogprobRows,
 )
 
-__all__ = ["AttentionForward", "AttentionLayer", "DpAttentionMeta", "ForwardBatch", "ForwardMode"]
+__all__ = [
+    "AttentionForward",
+    "AttentionLayer",
+    "DpAttentionMeta",
+    "ForwardBatch",
+    "ForwardMode",
+    "InputLogprobRows",
+]

@@ -73,6 +73,18 @@ class AttentionForward(Protocol):
     ) -> torch.Tensor: ...
 
 
+@dataclass(frozen=True, slots=True)
+class InputLogprobRows:
+    """Prompt log-probabilities one forward computes (SGLang's `logprob_start_len`): the new
+    tokens whose next token is a prompt token, and those tokens. Every attention-TP rank is
+    given the same rows (the LM head gathers across them)."""
+
+    rows: torch.Tensor  # [R] int64, indices into the batch's new tokens
+    targets: torch.Tensor  # [R] int64, the prompt token that follows each row
+    counts: list[int]  # [B] rows of each request, in batch order (their rows are contiguous)
+    top_k: int  # the most top log-probabilities a request asks for (0: none)
+
+
 # Frozen: built once per batch by the scheduler, then only read (the overlap thread runs the
 # forward while the scheduler builds the next batch; a copy carries resolved input ids).
 @dataclass(frozen=True, slots=True)
@@ -101,6 +113,8 @@ class ForwardBatch:
     # EAGLE drafts: [T, hidden] the target's hidden state paired with each input token (the
     # draft head's second input); None elsewhere
     spec_hidden: torch.Tensor | None = None
+    # prompt log-probabilities to compute beside the next-token logits (None: no request asks)
+    input_logprobs: InputLogprobRows | None = None
 
     def req_kv_rows(self, max_len: int) -> torch.Tensor:
         """[B, max_len] int64 KV slots of each request's positions (beyond seq_len: junk)."""

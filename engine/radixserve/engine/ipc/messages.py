@@ -47,6 +47,7 @@ class TokenizedGenerateReq(_Msg, frozen=True):
     input_text: str | None = None
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    logprob_start_len: int = -1  # SGLang's: prompt log-probabilities from this token (-1: none)
     # Send each step's new ids, not only the finished request's: the client streams, or the
     # detokenizer watches the text for stop strings.
     stream: bool = False
@@ -200,6 +201,14 @@ class StateOutput(_Msg, frozen=True):
     dp_rank: int = 0
 
 
+class InputLogprobs(_Msg, frozen=True):
+    """A request's prompt log-probabilities from its logprob_start_len on, sent once."""
+
+    token_ids: list[int]
+    token_logprobs: list[float | None]  # None: the first prompt token (it has no context)
+    top_logprobs: list[list[tuple[float, int]]] = []  # per token where top_logprobs_num > 0
+
+
 class BatchTokenIDOutput(_Msg, frozen=True):
     """Scheduler → detokenizer: new token ids per request since the last send."""
 
@@ -214,6 +223,7 @@ class BatchTokenIDOutput(_Msg, frozen=True):
     prompt_tail: list[list[int]]  # last prompt ids: left context for the first decode
     output_token_logprobs: list[list[float]] = []
     output_top_logprobs: list[list[list[tuple[float, int]]]] = []
+    input_logprobs: list[InputLogprobs | None] = []  # once per request, when all are known
     queue_times: list[float | None] = []  # seconds from arrival to first prefill (None: yet)
     spec_verify_ct: list[int] = []  # speculative decoding: verifies with drafts so far
     spec_accepted_drafts: list[int] = []  # and the drafts they accepted
@@ -233,6 +243,7 @@ class BatchStrOutput(_Msg, frozen=True):
     retractions: list[int]
     output_token_logprobs: list[list[float]] = []
     output_top_logprobs: list[list[list[tuple[float, int]]]] = []
+    input_logprobs: list[InputLogprobs | None] = []
     queue_times: list[float | None] = []
     spec_verify_ct: list[int] = []
     spec_accepted_drafts: list[int] = []

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixserve.engine.sampling import SampleOutput, Sampler, SamplingBatchInfo
+from radixserve.engine.layers.logits_processor import InputLogprobValues
+from radixserve.engine.sampling import PromptLogprobs, SampleOutput, Sampler, SamplingBatchInfo
 from radixserve.engine.speculative import VerifyOutput, verify_drafts
 
 if TYPE_CHECKING:
@@ -56,7 +57,8 @@ class ModelWorker:
         fb = batch.forward_batch
         if input_ids is not None:
             fb = replace(fb, input_ids=input_ids)
-        logits = self.runner.forward(fb).next_token_logits
+        forward = self.runner.forward(fb)
+        logits = forward.next_token_logits
         info = batch.sampling_info
         if batch.drafts is not None:
             verified = verify_drafts(logits, info, batch.drafts, batch.top_logprobs_nums)
@@ -65,6 +67,9 @@ class ModelWorker:
             info = replace(info, vocab_mask=batch.vocab_mask.result())
         out = self.sampler.sample(logits, info, batch.top_logprobs_nums)
         self.runner.sync_sampled(out.next_token_ids)
+        if fb.input_logprobs is not None and forward.input_logprobs is not None:
+            per_req = split_prompt_logprobs(forward.input_logprobs, fb.input_logprobs.counts)
+            out = replace(out, input_logprobs=per_req)
         return out
 
     def _agree_verified(self, out: VerifyOutput) -> VerifyOutput:
@@ -89,3 +94,18 @@ class ModelWorker:
     def forward_idle(self, forward_batch: ForwardBatch) -> None:
         """DP attention: join the other DP ranks' collectives with nothing to compute."""
         self.runner.forward(forward_batch)
+
+
+def split_prompt_logprobs(values: InputLogprobValues, counts: list[int]) -> list[PromptLogprobs]:
+    """A forward's prompt log-probabilities, cut into each request's rows (`counts`)."""
+    tokens: list[float] = values.token_logprobs.tolist()
+    top_values = [] if values.top_values is None else values.top_values.tolist()
+    top_ids = [] if values.top_ids is None else values.top_ids.tolist()
+    out: list[PromptLogprobs] = []
+    start = 0
+    for n in counts:
+        rows = range(start, start + n)
+        top = [list(zip(top_values[r], top_ids[r], strict=True)) for r in rows] if top_ids else []
+        out.append(PromptLogprobs(tokens[start : start + n], top))
+        start += n
+    return out

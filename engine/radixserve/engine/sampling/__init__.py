@@ -6,6 +6,7 @@ Re-exports the public names of `sampling_params`, `sampling_batch_info` and `sam
 from __future__ import annotations
 
 from .sampler import (
+    PromptLogprobs,
     SampleOutput,
     Sampler,
     draw_from_cdf,
@@ -17,6 +18,7 @@ from .sampling_batch_info import SamplingBatchInfo, SamplingRow
 from .sampling_params import SamplingParams
 
 __all__ = [
+    "PromptLogprobs",
     "SampleOutput",
     "Sampler",
     "SamplingBatchInfo",

@@ -18,6 +18,14 @@ from .sampling_batch_info import SamplingBatchInfo
 
 
 @dataclass(frozen=True, slots=True)
+class PromptLogprobs:
+    """One request's prompt log-probabilities computed by one forward (a chunk's share)."""
+
+    token_logprobs: list[float]  # of each prompt token after a computed row, in order
+    top_logprobs: list[list[tuple[float, int]]]  # per row, best (logprob, id) first; or []
+
+
+@dataclass(frozen=True, slots=True)
 class SampleOutput:
     """The chosen tokens of one step and their log-probabilities.
 
@@ -30,6 +38,8 @@ class SampleOutput:
     next_token_ids: torch.Tensor  # [B] int64
     logprobs: torch.Tensor  # [B] float32, raw log-prob of each chosen token
     top_logprobs: list[list[tuple[float, int]]] | None  # per row, best (logprob, id) first
+    # per request of the batch, where the batch computed prompt log-probabilities
+    input_logprobs: list[PromptLogprobs] | None = None
 
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:

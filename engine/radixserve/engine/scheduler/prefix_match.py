@@ -25,9 +25,13 @@ MAX_PIN_CANDIDATES = 64  # waiting requests peeked for a pin per round, in prior
 
 def prefix_match_key(req: Req) -> list[int]:
     """What a request may reuse from the cache: all its tokens but the last, since at least
-    one token must be computed to get the logits of the next one."""
+    one token must be computed to get the logits of the next one; and, while its prompt
+    log-probabilities are wanted, none from the first position that computes one on."""
     key = req.full_ids()
-    return key[: len(key) - 1]
+    end = len(key) - 1
+    if req.wants_input_logprobs and not req.input_logprobs_complete():
+        end = min(end, req.input_logprob_next)
+    return key[:end]
 
 
 class StepPrefixMatches:

@@ -42,6 +42,7 @@ class Req:
     origin_input_text: str | None = None
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    logprob_start_len: int = -1  # prompt log-probabilities from this token on (-1: none)
     arrival_time: float = 0.0
     queue_time: float | None = None  # arrival → first admission into a prefill batch (s)
     stream: bool = False  # send each step's new ids (else only when finished)
@@ -80,6 +81,13 @@ class Req:
     spec_draft_kv_len: int = 0  # STANDALONE: positions whose KV the draft model computed
     spec_draft_len: int = 0  # drafts it gets next (speculation.Speculator); 0: the most
     # outputs
+    # prompt log-probabilities (logprob_start_len ≥ 0): the next prompt position whose hidden
+    # state gives one (scheduled up to here; no cached prefix is reused past it), the values
+    # so far (None for the first prompt token, which has no context), whether they were sent
+    input_logprob_next: int = 0
+    input_token_logprobs: list[float | None] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprobs_sent: bool = False
     output_token_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
 
@@ -96,6 +104,23 @@ class Req:
 
     def full_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids
+
+    def __post_init__(self) -> None:
+        if self.wants_input_logprobs:
+            start = self.logprob_start_len
+            self.input_logprob_next = max(start, 1) - 1
+            if start == 0:
+                self.input_token_logprobs.append(None)
+                self.input_top_logprobs.append([])
+
+    @property
+    def wants_input_logprobs(self) -> bool:
+        return self.return_logprob and self.logprob_start_len >= 0
+
+    def input_logprobs_complete(self) -> bool:
+        """Every prompt token from logprob_start_len on has its log-probability."""
+        want = len(self.origin_input_ids) - self.logprob_start_len
+        return self.wants_input_logprobs and len(self.input_token_logprobs) == want
 
     def init_next_round_input(self) -> None:
         """Everything with no KV yet is computed next: prompt + outputs beyond the prefix."""

@@ -26,6 +26,7 @@ from radixserve.engine.mem_cache.radix_cache import RadixCache
 from radixserve.engine.model_executor.model_runner import ModelRunner
 from radixserve.engine.model_executor.model_worker import GenerationBatch, ModelWorker
 from radixserve.engine.sampling import SamplingBatchInfo, SamplingRow
+from radixserve.engine.scheduler import input_logprobs
 from radixserve.engine.scheduler.disagg import make_disagg
 from radixserve.engine.scheduler.disagg_decode import DecodeDisagg
 from radixserve.engine.scheduler.disagg_prefill import PrefillDisagg
@@ -404,8 +405,13 @@ class Scheduler:
             assert self.spec is not None
             self.spec.on_launch()
         info = SamplingBatchInfo.build(rows, runner.model_config.vocab_size, runner.device)
+        fb = batch.to_forward_batch(runner.device, runner.attn_backend, dp_meta)
+        if batch.forward_mode.is_extend_like():
+            wanted = input_logprobs.plan(batch.reqs, batch.prefix_lens, batch.extend_lens)
+            if wanted is not None:
+                fb = replace(fb, input_logprobs=wanted)
         return GenerationBatch(
-            batch.to_forward_batch(runner.device, runner.attn_backend, dp_meta),
+            fb,
             info,
             nums if any(nums) else None,
             None if mask is None else mask.future,
@@ -419,6 +425,7 @@ class Scheduler:
             return self._process_verify(rec, out)
         ids, logprobs = out.next_token_ids.tolist(), out.logprobs.tolist()
         extend = rec.batch.forward_mode.is_extend_like()
+        input_logprobs.record(rec.reqs, out.input_logprobs)
         updated: list[Req] = []
         for i, req in enumerate(rec.reqs):
             if not rec.samples[i]:

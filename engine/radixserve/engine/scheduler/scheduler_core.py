@@ -166,6 +166,7 @@ class SchedulerCore:
             origin_input_text=msg.input_text,
             return_logprob=msg.return_logprob,
             top_logprobs_num=msg.top_logprobs_num,
+            logprob_start_len=msg.logprob_start_len,
             arrival_time=time.monotonic(),
             stream=msg.stream,
             detokenize=msg.detokenize,

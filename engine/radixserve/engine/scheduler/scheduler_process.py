@@ -44,6 +44,7 @@ from radixserve.engine.ipc.messages import (
     SchedulerInput,
     TokenizedGenerateReq,
 )
+from radixserve.engine.scheduler import input_logprobs
 from radixserve.engine.scheduler.cpu_binding import bind_process_threads
 from radixserve.engine.scheduler.expert_distribution_control import expert_distribution
 from radixserve.engine.scheduler.kv_event_publisher import ZmqKVEventPublisher
@@ -182,6 +183,7 @@ class SchedulerLoop:
             fields["prompt_tail"].append(r.origin_input_ids[-5:])
             fields["output_token_logprobs"].append(r.output_token_logprobs[r.send_offset :])
             fields["output_top_logprobs"].append(r.output_top_logprobs[r.send_offset :])
+            fields["input_logprobs"].append(input_logprobs.take(r))
             fields["queue_times"].append(r.queue_time)
             fields["spec_verify_ct"].append(r.spec_verify_ct)
             fields["spec_accepted_drafts"].append(r.spec_accepted_drafts)
@@ -201,6 +203,7 @@ _OUTPUT_FIELDS = (
     "prompt_tail",
     "output_token_logprobs",
     "output_top_logprobs",
+    "input_logprobs",
     "queue_times",
     "spec_verify_ct",
     "spec_accepted_drafts",

@@ -13,7 +13,12 @@ from dataclasses import dataclass, field
 import msgspec
 
 from radixserve.engine.ipc.finish_reason import FinishReason
-from radixserve.engine.ipc.messages import Bootstrap, DetokenizeParams, TokenizedGenerateReq
+from radixserve.engine.ipc.messages import (
+    Bootstrap,
+    DetokenizeParams,
+    InputLogprobs,
+    TokenizedGenerateReq,
+)
 from radixserve.engine.sampling import SamplingParams
 
 
@@ -31,6 +36,7 @@ class GenerateInput:
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    logprob_start_len: int = -1  # prompt log-probabilities from this token on (-1: none)
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     data_parallel_rank: int | None = None  # pinned DP rank (validated at the edge)
     bootstrap: Bootstrap | None = None  # prefill/decode disaggregation (validated at the edge)
@@ -47,6 +53,7 @@ class GenerateInput:
             input_text=self.text,
             return_logprob=self.return_logprob,
             top_logprobs_num=self.top_logprobs_num,
+            logprob_start_len=self.logprob_start_len,
             # The detokenizer finds stop strings in the text, so it needs every step's ids.
             stream=self.stream or bool(stop_strs),
             data_parallel_rank=self.data_parallel_rank,
@@ -70,6 +77,7 @@ class GenerateChunk(msgspec.Struct, frozen=True):
     total_retractions: int
     token_logprobs: list[float] = []  # aligned with output_ids
     top_logprobs: list[list[tuple[float, int]]] = []
+    input_logprobs: InputLogprobs | None = None  # the prompt's, on the first chunk after prefill
     e2e_latency: float | None = None  # set on the final chunk
     spec_verify_ct: int = 0  # speculative decoding: verifies with drafts so far
     spec_accepted_drafts: int = 0

@@ -270,6 +270,7 @@ class TokenizerManager:
                 total_retractions=out.retractions[i],
                 token_logprobs=out.output_token_logprobs[i] if out.output_token_logprobs else [],
                 top_logprobs=out.output_top_logprobs[i] if out.output_top_logprobs else [],
+                input_logprobs=out.input_logprobs[i] if out.input_logprobs else None,
                 e2e_latency=None if finish is None else now - state.created,
                 spec_verify_ct=out.spec_verify_ct[i] if out.spec_verify_ct else 0,
                 spec_accepted_drafts=out.spec_accepted_drafts[i] if out.spec_accepted_drafts else 0,
