@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 
 from tests.engine.server.live_server import LiveServer
 
@@ -42,6 +43,13 @@ def test_bad_sampling_param_is_a_400_naming_the_field(server: LiveServer) -> Non
     assert r.status_code == 400
     body = r.json()
     assert body["object"] == "error" and body["message"].startswith("top_p")
+
+
+@pytest.mark.parametrize("start", ["0", 1.5, -3, 50])
+def test_bad_logprob_start_len_is_a_400_naming_the_field(server: LiveServer, start: object) -> None:
+    body = {"text": "hi", "return_logprob": True, "logprob_start_len": start}
+    r = httpx.post(server.base_url + "/generate", json=body, timeout=30)
+    assert r.status_code == 400 and r.json()["message"].startswith("logprob_start_len: ")
 
 
 def test_malformed_json_is_a_400(server: LiveServer) -> None:

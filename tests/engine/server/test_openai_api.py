@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 
@@ -106,6 +107,45 @@ def test_completion_logprobs(client: openai.OpenAI) -> None:
         max(top.values()) == pytest.approx(v)
         for top, v in zip(lp.top_logprobs, lp.token_logprobs, strict=True)
     )
+
+
+def test_completion_echo_logprobs_score_the_prompt(
+    client: openai.OpenAI, server: LiveServer
+) -> None:
+    """lm-eval's loglikelihood request: echo + logprobs gives each prompt token's log-prob
+    (None for the first), the same as SGLang's native input_token_logprobs, streamed or not."""
+    kw = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1, "temperature": 0, "logprobs": 1}
+    r = client.completions.create(echo=True, **kw)
+    lp, n = r.choices[0].logprobs, r.usage.prompt_tokens
+    assert r.choices[0].text.startswith(PROMPT)
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == n + 1
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v <= 0 for v in lp.token_logprobs[1:])
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert lp.text_offset[0] == 0 and lp.text_offset[n] == len(PROMPT)
+    native = httpx.post(
+        server.base_url + "/generate",
+        json={
+            "text": PROMPT,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+        },
+        timeout=60,
+    ).json()["meta_info"]
+    rows = native["input_token_logprobs"]
+    assert [row[0] for row in rows][1:] == pytest.approx(lp.token_logprobs[1:n], abs=1e-4)
+    assert rows[0][0] is None and len(rows) == n
+    stream = client.completions.create(echo=True, stream=True, **kw)
+    streamed = [(t, v) for c in stream if c.choices[0].logprobs for t, v in _pairs(c)]
+    assert [t for t, _ in streamed] == lp.tokens
+    assert streamed[0][1] is None
+    assert [v for _, v in streamed][1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-4)
+
+
+def _pairs(chunk: object) -> list[tuple[str, float | None]]:
+    lp = chunk.choices[0].logprobs  # type: ignore[attr-defined]
+    return list(zip(lp.tokens, lp.token_logprobs, strict=True))
 
 
 def test_chat_logprobs_stream_and_non_stream(client: openai.OpenAI) -> None:

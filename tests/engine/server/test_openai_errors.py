@@ -44,7 +44,6 @@ def _completion_error(client: openai.OpenAI, **overrides: Any) -> str:
         ({"stop": [""]}, "stop: "),
         ({"prompt": []}, "prompt: expected"),
         ({"prompt": [1, "a"]}, "prompt: expected"),
-        ({"logprobs": 3, "echo": True}, "echo: "),
         ({"temperature": "hot"}, "temperature: "),
         ({"stream": True, "temperature": -1}, "temperature: must be >= 0"),
         ({"extra_body": {"top_k": 0}}, "top_k: "),

@@ -62,7 +62,11 @@ class Engine:
         prompts, single = native_prompts(tm.tokenize, prompt, input_ids, text_field="prompt")
         params = per_prompt_params(sampling_params, len(prompts))
         options = OutputOptions(
-            False, return_logprob, top_logprobs_num, data_parallel_rank, None, logprob_start_len
+            False,
+            return_logprob,
+            top_logprobs_num,
+            data_parallel_rank,
+            logprob_start_len=logprob_start_len,
         )
         inputs = build_inputs(prompts, params, self.state.limits, options)
         results = self._run(collect(tm, inputs))

@@ -82,7 +82,7 @@ def generate_inputs(state: ServerState, body: dict[str, Any]) -> tuple[list[Gene
         top,
         body.get("data_parallel_rank"),  # checked by build_inputs
         BootstrapFields.of(body),  # likewise
-        body.get("logprob_start_len", -1),  # likewise
+        logprob_start_len=body.get("logprob_start_len", -1),  # likewise
     )
     inputs = build_inputs(prompts, params, state.limits, options)
     return inputs, single and len(inputs) == 1

@@ -63,11 +63,11 @@ class OutputOptions:
     top_logprobs_num: int = 0
     data_parallel_rank: int | None = None  # pin every prompt of the call to this DP rank
     bootstrap: BootstrapFields | None = None  # prefill/decode disaggregation, as sent
+    # the answer opens with reasoning (--reasoning-parser): a grammar applies after </think>
+    require_reasoning: bool = False
     # SGLang's: log-probabilities of the prompt's tokens from this one on (-1: none); with
     # return_logprob only
     logprob_start_len: int = -1
-    # the answer opens with reasoning (--reasoning-parser): a grammar applies after </think>
-    require_reasoning: bool = False
 
 
 @dataclass(frozen=True, slots=True)
