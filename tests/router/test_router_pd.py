@@ -5,6 +5,7 @@ oracle is a co-located server; the openai client reads the answers."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -74,6 +75,49 @@ def test_our_router_in_pd_mode(colocated: LiveServer, pair: Pair) -> None:
         native = httpx.post(router.url + "/generate", json=body, timeout=300)
         assert native.status_code == 200 and len(native.json()["output_ids"]) == 4
     assert load(pair.prefill)["kv_transfers_total"] == before + 4  # every request went PD
+    _settle(pair)
+
+
+def _native_logprobs(url: str, stream: bool) -> dict[str, Any]:
+    """A native /generate that asks for the prompt's logprobs: its (last) meta_info."""
+    body = {
+        "text": "The capital of France is Paris, and the capital of Spain is",
+        "sampling_params": {"max_new_tokens": 3, "temperature": 0},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+        "top_logprobs_num": 2,
+        "stream": stream,
+    }
+    r = httpx.post(url + "/generate", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    if not stream:
+        return dict(r.json()["meta_info"])
+    events = [e[6:] for e in r.text.split("\n\n") if e.startswith("data: {")]
+    metas = [json.loads(e)["meta_info"] for e in events]
+    assert all("input_token_logprobs" in m for m in metas)  # every event, as co-located
+    return dict(metas[-1])
+
+
+def test_prompt_logprobs_come_from_the_prefill(colocated: LiveServer, pair: Pair) -> None:
+    """Only the prefill computes the prompt: the router puts its input_token_logprobs into
+    the decode's answer, streamed or not; they equal a co-located server's."""
+    args = ("--pd-disaggregation", "--prefill", pair.prefill.base_url, str(pair.bootstrap_port))
+    with router_proc([], *args, "--decode", pair.decode.base_url, healthy=1) as router:
+        for stream in (False, True):
+            want = _native_logprobs(colocated.base_url, stream)
+            got = _native_logprobs(router.url, stream)
+            rows, want_rows = got["input_token_logprobs"], want["input_token_logprobs"]
+            assert [r[1] for r in rows] == [r[1] for r in want_rows]
+            assert rows[0][0] is None
+            assert [r[0] for r in rows[1:]] == pytest.approx(
+                [r[0] for r in want_rows[1:]], abs=1e-4
+            )
+            assert [[t[1] for t in top] for top in got["input_top_logprobs"][1:]] == [
+                [t[1] for t in top] for top in want["input_top_logprobs"][1:]
+            ]
+            outs, want_outs = got["output_token_logprobs"], want["output_token_logprobs"]
+            assert [r[1] for r in outs] == [r[1] for r in want_outs]
+            assert [r[0] for r in outs] == pytest.approx([r[0] for r in want_outs], abs=1e-4)
     _settle(pair)
 
 

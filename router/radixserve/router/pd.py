@@ -7,10 +7,11 @@ goes to a prefill worker and a decode worker at once, with the bootstrap fields 
   `bootstrap_port` (its `--prefill URL PORT`, else none: the decode's own default) and a random
   63-bit `bootstrap_room`, new for every attempt.
 - The answer is the decode's; the prefill's is read whole in the background (a stream) or
-  alongside (a JSON answer). A failure of either side before the first byte reached the client
-  (transport error or a retryable status) is retried on another pair with a new room, with
-  the same backoff and breakers as the plain proxy; after it the stream ends with an SSE
-  error event.
+  alongside (a JSON answer). A native /generate that asks for the prompt's logprobs gets the
+  prefill's merged in (pd_logprobs.py); its stream then starts once the prefill's ended.
+- A failure of either side before the first byte reached the client (transport error or a
+  retryable status) is retried on another pair with a new room, with the same backoff and
+  breakers as the plain proxy; after it the stream ends with an SSE error event.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ from starlette.datastructures import Headers
 from radixserve.protocol.http_edge import SSE_DONE, sse_error
 from radixserve.router.config import RouterConfig
 from radixserve.router.metrics import RouterMetrics
+from radixserve.router.pd_logprobs import (
+    last_event_fields,
+    merge_json,
+    merge_stream,
+    wants_prompt_logprobs,
+)
 from radixserve.router.proxy import Proxy, no_worker_response
 from radixserve.router.selector import Lease, Selector
 from radixserve.router.upstream import Upstream, UpstreamError, UpstreamResponse
@@ -118,10 +125,14 @@ class PDProxy:
         ld.worker.breaker.record(dresp.status < 500)
         if presp.status >= 400 or dresp.status >= 400:
             return await self._error(lp, ld, presp, dresp, route)
-        if bool(body.get("stream")):
+        merge = wants_prompt_logprobs(route, body)
+        if not bool(body.get("stream")):
+            return await self._both(lp, ld, presp, dresp, route, merge)
+        if not merge:
             self._drain_later(lp, presp, route)
-            return self._stream(ld, dresp, route)
-        return await self._both(lp, ld, presp, dresp, route)
+            return self._stream(ld, dresp, route, {})
+        # the prompt's logprobs are in the prefill's stream, which ends once the prefill did
+        return self._stream(ld, dresp, route, last_event_fields(await self._read(lp, presp, route)))
 
     async def _abandon(
         self, lp: Lease, ld: Lease, sent: Sequence[UpstreamResponse | BaseException], route: str
@@ -164,11 +175,22 @@ class PDProxy:
         return Response(content or b"", status_code=use.status, media_type=media)
 
     async def _both(  # noqa: PLR0913
-        self, lp: Lease, ld: Lease, presp: UpstreamResponse, dresp: UpstreamResponse, route: str
+        self,
+        lp: Lease,
+        ld: Lease,
+        presp: UpstreamResponse,
+        dresp: UpstreamResponse,
+        route: str,
+        merge: bool,
     ) -> Response | None:
-        _, dbody = await asyncio.gather(self._read(lp, presp, route), self._read(ld, dresp, route))
+        """A JSON answer: the decode's (with the prefill's prompt logprobs where asked)."""
+        pbody, dbody = await asyncio.gather(
+            self._read(lp, presp, route), self._read(ld, dresp, route)
+        )
         if dbody is None:
             return None  # before the first byte: retried
+        if merge:
+            dbody = merge_json(dbody, pbody)
         media = dresp.header("content-type", "application/json")
         return Response(dbody, status_code=dresp.status, media_type=media)
 
@@ -180,11 +202,18 @@ class PDProxy:
     async def _drain(self, lease: Lease, resp: UpstreamResponse, route: str) -> None:
         await self._read(lease, resp, route)
 
-    def _stream(self, lease: Lease, resp: UpstreamResponse, route: str) -> StreamingResponse:
+    def _stream(
+        self, lease: Lease, resp: UpstreamResponse, route: str, prompt_fields: dict[str, Any]
+    ) -> StreamingResponse:
+        """The decode's stream; `prompt_fields` (the prefill's prompt logprobs) go into each
+        event's meta_info where there are any."""
+
         async def chunks() -> AsyncIterator[bytes]:
             outcome = "200"
+            body = resp.stream()
             try:
-                async for chunk in resp.stream():
+                merged = merge_stream(body, prompt_fields) if prompt_fields else body
+                async for chunk in merged:
                     yield chunk
             except UpstreamError as exc:
                 outcome = "stream_error"
