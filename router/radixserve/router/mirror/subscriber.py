@@ -242,16 +242,17 @@ class KVEventSubscriber:
                     seq,
                     self.last_seq,
                 )
+                # Rebuilt from the publisher's replay, not from this batch alone: a stray
+                # frame that reuses a sequence number looks the same as a restart, and the
+                # replay holds the publisher's real batches (a restarted one's included).
                 self._reset()
-                if seq == 0:
-                    self._apply(seq, payload)
-                    return
+                await self._catch_up(seq, payload, already_reset=True)
+                return
         await self._catch_up(seq, payload)
 
-    async def _catch_up(self, seq: int, payload: bytes) -> None:
+    async def _catch_up(self, seq: int, payload: bytes, already_reset: bool = False) -> None:
         """Apply what precedes the live batch `seq` (by replay), then the batch itself."""
         self._expected.clear()
-        already_reset = False
         history = await self._replay(max(self.last_seq, 0))
         if history is not None and self.last_seq >= 0 and not self._continues(history):
             logger.warning(
