@@ -80,6 +80,8 @@ class Req:
     spec_accepted_drafts: int = 0
     spec_draft_kv_len: int = 0  # STANDALONE: positions whose KV the draft model computed
     spec_draft_len: int = 0  # drafts it gets next (speculation.Speculator); 0: the most
+    spec_pause: int = 0  # decode steps it drafts nothing (its drafts kept failing)
+    spec_backoff: int = 0  # the last such pause, doubled when it happens again
     # outputs
     # prompt log-probabilities (logprob_start_len ≥ 0): the next prompt position whose hidden
     # state gives one (scheduled up to here; no cached prefix is reused past it), the values

@@ -86,6 +86,9 @@ class Speculator:
             self.corpus.sync(req.rid, req.full_ids())
         if req.grammar is not None:
             return []
+        if req.spec_pause > 0:  # its drafts kept failing: decode plainly for a while
+            req.spec_pause -= 1
+            return []
         # drafts beyond max_new_tokens could never be emitted: the bonus token comes after them
         room = min(
             req.spec_draft_len or self.num_drafts,
@@ -123,6 +126,7 @@ class Speculator:
             if not draft:
                 continue
             req.spec_draft_len = self._next_length(len(draft), len(tokens) - 1)
+            _back_off(req, len(draft), len(tokens) - 1)
             stats.verified_reqs += 1
             stats.proposed_drafts += len(draft)
             stats.accepted_drafts += len(tokens) - 1
@@ -167,3 +171,20 @@ class Speculator:
 
 def _pages(tokens: int, page_size: int) -> int:
     return -(-tokens // page_size)
+
+
+# A request whose single draft was rejected skips drafting for this many decode steps, twice
+# as many each time it happens again in a row, up to MAX_PAUSE; an accepted draft ends it.
+FIRST_PAUSE = 4
+MAX_PAUSE = 64
+
+
+def _back_off(req: Req, drafted: int, accepted: int) -> None:
+    """Sampled text that is not repeating: short n-gram matches propose drafts that are
+    nearly always rejected, and each verify still computes them (measured at 32 in flight,
+    temperature 1: accept length 1.03). Such a request stops drafting for a while."""
+    if accepted:
+        req.spec_backoff = 0
+    elif drafted == 1:
+        req.spec_backoff = min(2 * req.spec_backoff or FIRST_PAUSE, MAX_PAUSE)
+        req.spec_pause = req.spec_backoff
