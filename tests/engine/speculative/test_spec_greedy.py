@@ -237,4 +237,6 @@ def test_smollm_16_prompts_identical_with_a_tiny_draft(
     finally:
         spec.shutdown()
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in expected]
-    assert stats.verified_reqs >= len(prompts) * 6
+    # a random draft's are rejected: after two verifies each request backs off (a pause of
+    # 4 steps, then 8), so about three verifies per request in 16 tokens
+    assert stats.verified_reqs >= len(prompts) * 2
