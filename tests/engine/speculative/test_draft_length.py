@@ -32,7 +32,7 @@ def test_rejected_drafts_shrink_and_accepted_ones_grow_back() -> None:
     req = Req("r", [1, 2, 3], SamplingParams(), StopCriteria(frozenset()))
     assert _verify(spec, req, 0) == 7  # the full --speculative-num-draft-tokens − 1 at first
     assert _verify(spec, req, 0) == 1  # none accepted: one draft next
-    assert req.spec_pause == 4  # and that one rejected too: no drafts for 4 steps
+    assert req.spec_pause == 2  # and that one rejected too: no drafts for 2 steps
     req.spec_pause = 0
     assert _verify(spec, req, 1) == 1
     assert req.spec_pause == 0  # one draft rejected once drafted nothing less: no pause
@@ -58,6 +58,6 @@ def test_a_request_whose_drafts_keep_failing_pauses_longer_each_time() -> None:
         for _ in range(req.spec_pause):
             assert spec._draft(req) == []
         assert req.spec_pause == 0
-    assert pauses == [4, 8, 16, 32, 64, 64]
+    assert pauses == [2, 4, 8, 16, 32, 32]
     _verify(spec, req, 1)  # an accepted draft ends the back-off
     assert (req.spec_pause, req.spec_backoff) == (0, 0)

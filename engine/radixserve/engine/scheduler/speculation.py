@@ -175,8 +175,8 @@ def _pages(tokens: int, page_size: int) -> int:
 
 # A request whose single draft was rejected skips drafting for this many decode steps, twice
 # as many each time it happens again in a row, up to MAX_PAUSE; an accepted draft ends it.
-FIRST_PAUSE = 4
-MAX_PAUSE = 64
+FIRST_PAUSE = 2
+MAX_PAUSE = 32
 
 
 def _back_off(req: Req, drafted: int, accepted: int) -> None:
