@@ -140,6 +140,10 @@ def test_metrics_show_the_acceptance(server: LiveServer) -> None:
             r"^speculative_num_draft_tokens: with a chain \(topk 1\) must be .* = 4, got 6",
         ),
         ({"speculative_eagle_topk": 4}, r"^speculative_eagle_topk: only 1"),
+        (
+            {"disable_overlap_schedule": False},
+            r"^disable_overlap_schedule: speculative decoding runs without the overlap loop",
+        ),
     ],
 )
 def test_bad_flags_fail_at_start_up(tmp_path: Path, flags: dict[str, Any], message: str) -> None:

@@ -42,6 +42,12 @@ def check_speculative(args: ServerArgs) -> None:
         name,
         "a prefill server samples one token per request: nothing to speculate",
     )
+    check_flag(
+        args.disable_overlap_schedule is not False,
+        "disable_overlap_schedule",
+        "speculative decoding runs without the overlap loop (a verify's next input is known "
+        "only once its drafts were checked); leave the flag unset or true",
+    )
     n = draft_tokens(args)
     check_flag(
         2 <= n <= MAX_DRAFT_TOKENS,
