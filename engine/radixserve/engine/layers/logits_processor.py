@@ -13,6 +13,7 @@ from torch import nn
 
 from radixserve.engine.forward_batch import ForwardBatch, InputLogprobRows
 from radixserve.engine.layers.vocab_parallel import ParallelLMHead
+from radixserve.engine.sampling import top_logprobs_of
 
 # Prompt rows put through the LM head at a time: 256 × SmolLM2's 49,152 ids is 50 MB of
 # float32 logits and their log-softmax.
@@ -24,8 +25,7 @@ class InputLogprobValues:
     """The raw log-probability of each prompt row's next prompt token, and its row's best."""
 
     token_logprobs: torch.Tensor  # [R] float32
-    top_values: torch.Tensor | None  # [R, top_k] float32, best first (None: top_k 0)
-    top_ids: torch.Tensor | None  # [R, top_k] int64
+    top_logprobs: list[list[tuple[float, int]]]  # per row, best (logprob, id) first; [] if top_k 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,21 +69,13 @@ def input_logprobs(
     """Raw log-probabilities (no temperature or penalty: OpenAI's and SGLang's prompt
     logprobs) of each wanted row's next prompt token, and the row's `top_k` best."""
     token_parts: list[torch.Tensor] = []
-    value_parts: list[torch.Tensor] = []
-    id_parts: list[torch.Tensor] = []
+    tops: list[list[tuple[float, int]]] = []
     rows = wanted.rows.to(hidden.device)
     targets = wanted.targets.to(hidden.device)
     for start in range(0, rows.numel(), INPUT_LOGPROB_BLOCK):
         block = slice(start, start + INPUT_LOGPROB_BLOCK)
         logprobs = torch.log_softmax(lm_head(hidden[rows[block]]), dim=-1)
         token_parts.append(logprobs.gather(1, targets[block].unsqueeze(1)).squeeze(1))
-        if wanted.top_k:
-            values, ids = torch.topk(logprobs, min(wanted.top_k, logprobs.shape[1]), dim=-1)
-            value_parts.append(values)
-            id_parts.append(ids)
+        tops += top_logprobs_of(logprobs, [wanted.top_k] * logprobs.shape[0]) or []
     empty = hidden.new_empty(0, dtype=torch.float32)
-    return InputLogprobValues(
-        torch.cat(token_parts) if token_parts else empty,
-        torch.cat(value_parts) if value_parts else None,
-        torch.cat(id_parts) if id_parts else None,
-    )
+    return InputLogprobValues(torch.cat(token_parts) if token_parts else empty, tops)

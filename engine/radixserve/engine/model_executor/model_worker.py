@@ -99,13 +99,10 @@ class ModelWorker:
 def split_prompt_logprobs(values: InputLogprobValues, counts: list[int]) -> list[PromptLogprobs]:
     """A forward's prompt log-probabilities, cut into each request's rows (`counts`)."""
     tokens: list[float] = values.token_logprobs.tolist()
-    top_values = [] if values.top_values is None else values.top_values.tolist()
-    top_ids = [] if values.top_ids is None else values.top_ids.tolist()
+    tops = values.top_logprobs
     out: list[PromptLogprobs] = []
     start = 0
     for n in counts:
-        rows = range(start, start + n)
-        top = [list(zip(top_values[r], top_ids[r], strict=True)) for r in rows] if top_ids else []
-        out.append(PromptLogprobs(tokens[start : start + n], top))
+        out.append(PromptLogprobs(tokens[start : start + n], tops[start : start + n]))
         start += n
     return out
