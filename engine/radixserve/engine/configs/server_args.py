@@ -564,11 +564,13 @@ class ServerArgs:
         if self.disaggregation_mode == "null":
             return
         name = "disaggregation_mode"
+        # TP ranks share one set of rooms in lock-step; DP ranks would each need their own
+        # (and a rule, agreed by both sides, for which DP rank serves a room)
         _check(
-            self.num_ranks == 1,
+            self.dp_size == 1,
             name,
-            f"{self.disaggregation_mode} runs with tp_size = dp_size = 1 for now "
-            f"(got tp_size {self.tp_size}, dp_size {self.dp_size})",
+            f"{self.disaggregation_mode} runs with dp_size = 1 (tp_size may be > 1), "
+            f"got dp_size {self.dp_size}",
         )
         port = self.disaggregation_bootstrap_port
         _check(0 < port < 65536, "disaggregation_bootstrap_port", f"must be a port, got {port}")

@@ -1,12 +1,12 @@
 """The prefill's bootstrap server (SGLang's routes) and the decode's client of it.
 
 The server runs on a thread of the prefill's first scheduler rank, on
-`--disaggregation-bootstrap-port`. Each prefill rank registers its control endpoint and the
-topology (`PUT /route`); a decode fetches them (`GET /route`: 503 until every rank has
-registered) before it sends anything, and polls `GET /health` while it waits on that prefill.
-Both answers carry the server's session id, new at every start: a prefill that restarted at the
-same address (a container restarted in its pod) has new control endpoints, and the decode
-must look them up again.
+`--disaggregation-bootstrap-port`. That rank registers its control endpoint and the topology
+(in process, or `PUT /route`); it speaks for its TP peers. A decode fetches them (`GET /route`:
+503 until registered) before it sends anything, and polls `GET /health` while it waits on that
+prefill. Both answers carry the server's session id, new at every start: a prefill that
+restarted at the same address (a container restarted in its pod) has new control endpoints,
+and the decode must look them up again.
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ class Registration(msgspec.Struct, frozen=True):
 
 
 class _Table:
-    def __init__(self, tp_size: int) -> None:
-        self.tp_size = tp_size
+    def __init__(self) -> None:
         self.session = uuid.uuid4().hex
         self.lock = threading.Lock()
         self.topology: Topology | None = None
@@ -44,7 +43,7 @@ class _Table:
 
     def info(self) -> PrefillInfo | None:
         with self.lock:
-            if self.topology is None or len(self.ranks) < self.tp_size:
+            if self.topology is None or not self.ranks:
                 return None
             ranks = [self.ranks[r] for r in sorted(self.ranks)]
             return PrefillInfo(self.topology, ranks, self.session)
@@ -66,7 +65,7 @@ def _handler(table: _Table) -> type[BaseHTTPRequestHandler]:
             elif path == "/route":
                 info = table.info()
                 if info is None:
-                    self._reply(503, b'{"error": "not every prefill rank has registered"}')
+                    self._reply(503, b'{"error": "the prefill has not registered yet"}')
                 else:
                     self._reply(200, msgspec.json.encode(info))
             else:
@@ -93,8 +92,8 @@ def _handler(table: _Table) -> type[BaseHTTPRequestHandler]:
 class BootstrapServer:
     """Serves on its own daemon thread until `close`."""
 
-    def __init__(self, host: str, port: int, tp_size: int) -> None:
-        self.table = _Table(tp_size)
+    def __init__(self, host: str, port: int) -> None:
+        self.table = _Table()
         self._server = ThreadingHTTPServer((host, port), _handler(self.table))
         self._server.daemon_threads = True
         self._thread = threading.Thread(

@@ -1,11 +1,14 @@
-"""One rank's side of the KV transfer: its registered KV buffers, its control sockets and (on a
-prefill) the thread that writes pages into a decode's buffers.
+"""One rank's side of the KV transfer: its registered KV buffers, its control sockets (TP rank
+0 only: it speaks for its peers) and, on a prefill, the thread that writes pages into the
+decode's buffers.
 
-Control messages (`wire`) go over ZMQ: each rank binds one PULL socket and keeps a PUSH socket
-per peer endpoint. Every socket is used from the scheduler thread only; the transfer thread
-touches nothing but the backend and two queues. Pages move at page granularity: runs of
-consecutive pages on both sides become one (source, destination, length) entry per layer and
-K/V, and a request's whole transfer is one blocking batch of the backend.
+Control messages (`wire`) go over ZMQ: the control rank binds one PULL socket and keeps a PUSH
+socket per peer endpoint. Every socket is used from the scheduler thread only; the transfer
+thread touches nothing but the backend and two queues. Every prefill rank writes its own heads
+(`plan_targets`). Where a decode rank's rows are exactly ours (the same heads), pages move
+whole: runs of consecutive pages on both sides become one (source, destination, length) entry
+per layer and K/V. Where the TP sizes differ, each token's row is re-sliced: one entry per
+token, layer and K/V. A request's transfer is one blocking batch of the backend per decode rank.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import msgspec
 import zmq
 
 from radixserve.engine.disaggregation.transfer import TransferBackend
-from radixserve.engine.disaggregation.wire import ToDecode, ToPrefill
+from radixserve.engine.disaggregation.wire import KVHeads, RankKV
 
 logger = logging.getLogger(__name__)
 
@@ -29,13 +32,15 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class KVLayout:
     """Where one rank's KV lives: per-layer K and V base addresses, the bytes of one token's
-    K (or V) in one layer, tokens per page, and each buffer's length in bytes."""
+    K (or V) row in one layer, tokens per page, each buffer's length in bytes, and the KV heads
+    a row holds."""
 
     k_ptrs: tuple[int, ...]
     v_ptrs: tuple[int, ...]
     item_len: int
     page_size: int
     buffer_len: int
+    heads: KVHeads = KVHeads(0, 1)
 
     @property
     def page_bytes(self) -> int:
@@ -47,8 +52,15 @@ class KVLayout:
         """One page across every layer, K and V: what a transferred page costs."""
         return 2 * len(self.k_ptrs) * self.page_bytes
 
+    @property
+    def head_bytes(self) -> int:
+        return self.item_len // self.heads.count
+
     def regions(self) -> list[tuple[int, int]]:
         return [(p, self.buffer_len) for p in (*self.k_ptrs, *self.v_ptrs)]
+
+    def rank_kv(self, session: str) -> RankKV:
+        return RankKV(session, self.heads, list(self.k_ptrs), list(self.v_ptrs), self.item_len)
 
 
 def page_runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
@@ -64,13 +76,48 @@ def page_runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
 
 
 @dataclass(frozen=True, slots=True)
+class Target:
+    """What one prefill rank writes into one decode rank: of every token's row, `length` bytes
+    from `src_offset` in its own row to `dst_offset` in the decode's (`dst.item_len` long)."""
+
+    dst: RankKV
+    src_offset: int
+    dst_offset: int
+    length: int
+
+
+def plan_targets(
+    rank: int, prefill: list[KVHeads], decode: list[RankKV], head_bytes: int
+) -> list[Target]:
+    """The writes prefill rank `rank` owes: each decode rank's heads, each written by the first
+    prefill rank that holds it (replicated heads are written once). Heads are contiguous on
+    every rank, so a decode rank gets at most one slice from each prefill rank."""
+    mine = prefill[rank]
+    out: list[Target] = []
+    for dst in decode:
+        ours = [
+            h
+            for h in range(dst.heads.first, dst.heads.first + dst.heads.count)
+            if next(r for r, held in enumerate(prefill) if h in held) == rank
+        ]
+        if ours:
+            out.append(
+                Target(
+                    dst,
+                    (ours[0] - mine.first) * head_bytes,
+                    (ours[0] - dst.heads.first) * head_bytes,
+                    len(ours) * head_bytes,
+                )
+            )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
 class TransferJob:
     room: int
-    session: str
     src_pages: list[int]
     dst_pages: list[int]
-    dst_k_ptrs: list[int]
-    dst_v_ptrs: list[int]
+    targets: list[Target]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,43 +129,68 @@ class TransferResult:
     seconds: float
 
 
-def batch_for(job: TransferJob, layout: KVLayout) -> tuple[list[int], list[int], list[int]]:
-    """The backend's (src, dst, length) lists for a job: every run, every layer, K and V."""
-    src: list[int] = []
-    dst: list[int] = []
-    lens: list[int] = []
-    pb = layout.page_bytes
+Batch = tuple[str, list[int], list[int], list[int]]  # session, src, dst, lengths
+
+
+def batches_for(job: TransferJob, layout: KVLayout) -> list[Batch]:
+    """The backend's (session, src, dst, length) batches for a job, one per target: whole
+    page runs where the target takes our whole rows, else a slice of every token's row."""
     runs = page_runs(job.src_pages, job.dst_pages)
     local = (*layout.k_ptrs, *layout.v_ptrs)
-    remote = (*job.dst_k_ptrs, *job.dst_v_ptrs)
-    for base, peer in zip(local, remote, strict=True):
-        for s, d, n in runs:
-            src.append(base + s * pb)
-            dst.append(peer + d * pb)
-            lens.append(n * pb)
-    return src, dst, lens
+    out: list[Batch] = []
+    for t in job.targets:
+        whole = t.src_offset == t.dst_offset == 0 and t.length == layout.item_len == t.dst.item_len
+        src: list[int] = []
+        dst: list[int] = []
+        lens: list[int] = []
+        remote = (*t.dst.k_ptrs, *t.dst.v_ptrs)
+        for base, peer in zip(local, remote, strict=True):
+            for s, d, n in runs:
+                if whole:
+                    src.append(base + s * layout.page_bytes)
+                    dst.append(peer + d * layout.page_bytes)
+                    lens.append(n * layout.page_bytes)
+                    continue
+                first_s, first_d = s * layout.page_size, d * layout.page_size
+                for i in range(n * layout.page_size):
+                    src.append(base + (first_s + i) * layout.item_len + t.src_offset)
+                    dst.append(peer + (first_d + i) * t.dst.item_len + t.dst_offset)
+                    lens.append(t.length)
+        out.append((t.dst.session, src, dst, lens))
+    return out
 
 
 class KVManager:
     def __init__(
-        self, backend: TransferBackend, layout: KVLayout, host: str, ctx: zmq.Context[Any]
+        self,
+        backend: TransferBackend,
+        layout: KVLayout,
+        host: str,
+        ctx: zmq.Context[Any],
+        control: bool = True,
     ) -> None:
         self.backend = backend
         self.layout = layout
         backend.register(layout.regions())
         self._ctx = ctx
-        self._pull = ctx.socket(zmq.PULL)
-        port = self._pull.bind_to_random_port(f"tcp://{host}")
-        self.endpoint = f"tcp://{host}:{port}"
+        self._pull: zmq.Socket[Any] | None = None
+        self.endpoint = ""  # a TP peer's: it has no control socket
+        if control:
+            self._pull = ctx.socket(zmq.PULL)
+            port = self._pull.bind_to_random_port(f"tcp://{host}")
+            self.endpoint = f"tcp://{host}:{port}"
         self._push: dict[str, zmq.Socket[Any]] = {}
         self._encoder = msgspec.msgpack.Encoder()
         self._jobs: queue.Queue[TransferJob | None] = queue.Queue()
         self._done: queue.Queue[TransferResult] = queue.Queue()
         self._thread: threading.Thread | None = None
 
-    # ---- control plane (scheduler thread) ----------------------------------------------------
+    # ---- control plane (scheduler thread, control rank) --------------------------------------
 
     def send(self, endpoint: str, msg: msgspec.Struct) -> None:
+        """Send a control message; a TP peer sends nothing (its rank 0 sends the same)."""
+        if self._pull is None:
+            return
         sock = self._push.get(endpoint)
         if sock is None:
             sock = self._ctx.socket(zmq.PUSH)
@@ -131,27 +203,17 @@ class KVManager:
         except zmq.Again:  # a peer that is gone and whose queue is full: its rooms time out
             logger.warning("disaggregation: dropped a %s to %s", type(msg).__name__, endpoint)
 
-    def recv(self, msg_type: Any) -> list[Any]:
-        """Every message waiting on the PULL socket, decoded as `msg_type` (a union)."""
-        decoder = msgspec.msgpack.Decoder(msg_type)
-        out: list[Any] = []
-        while True:
+    def recv_raw(self) -> list[bytes]:
+        """Every message waiting on the PULL socket, undecoded (none on a TP peer)."""
+        out: list[bytes] = []
+        while self._pull is not None:
             try:
-                raw = self._pull.recv(zmq.NOBLOCK)
+                out.append(self._pull.recv(zmq.NOBLOCK))
             except zmq.Again:
-                return out
-            try:
-                out.append(decoder.decode(raw))
-            except msgspec.DecodeError:
-                logger.warning("disaggregation: undecodable control message dropped")
+                break
+        return out
 
-    def recv_to_prefill(self) -> list[ToPrefill]:
-        return self.recv(ToPrefill)
-
-    def recv_to_decode(self) -> list[ToDecode]:
-        return self.recv(ToDecode)
-
-    # ---- data plane (prefill) ------------------------------------------------------------------
+    # ---- data plane (prefill, every rank) ------------------------------------------------------
 
     def submit(self, job: TransferJob) -> None:
         if self._thread is None:
@@ -173,21 +235,18 @@ class KVManager:
             if job is None:
                 return
             started = time.perf_counter()
-            src, dst, lens = batch_for(job, self.layout)
-            try:
-                rc = self.backend.write(job.session, src, dst, lens)
-            except Exception:  # a backend error fails this room, never the thread
-                logger.exception("disaggregation: transfer of room %d failed", job.room)
-                rc = -1
-            self._done.put(
-                TransferResult(
-                    job.room,
-                    rc,
-                    len(job.src_pages),
-                    len(job.src_pages) * self.layout.bytes_per_page,
-                    time.perf_counter() - started,
-                )
-            )
+            rc, moved = 0, 0
+            for session, src, dst, lens in batches_for(job, self.layout):
+                try:
+                    rc = self.backend.write(session, src, dst, lens)
+                except Exception:  # a backend error fails this room, never the thread
+                    logger.exception("disaggregation: transfer of room %d failed", job.room)
+                    rc = -1
+                if rc != 0:
+                    break
+                moved += sum(lens)
+            seconds = time.perf_counter() - started
+            self._done.put(TransferResult(job.room, rc, len(job.src_pages), moved, seconds))
 
     def close(self) -> None:
         if self._thread is not None:
@@ -195,5 +254,6 @@ class KVManager:
             self._thread.join(timeout=5)
         for sock in self._push.values():
             sock.close(0)
-        self._pull.close(0)
+        if self._pull is not None:
+            self._pull.close(0)
         self.backend.close()

@@ -19,12 +19,14 @@ FAKE_BOOTSTRAP_HOST = "2.2.2.2"
 
 
 class Topology(msgspec.Struct, frozen=True):
-    """What a pair must agree on for one side's KV pages to be the other's."""
+    """What a pair must agree on for one side's KV pages to be the other's. The TP sizes may
+    differ: each side's ranks say which KV heads they hold (`RankKV.heads`), and the prefill's
+    ranks re-slice the heads into the decode's (`tp_size` is reported, not compared)."""
 
     architecture: str
     num_layers: int
-    num_kv_heads: int  # the model's, not per rank
-    head_dim: int
+    num_kv_heads: int  # the heads of the KV pool's rows, all ranks together (MLA: 1 latent)
+    head_dim: int  # the width of one head's row in the pool
     vocab_size: int
     kv_dtype: str
     page_size: int
@@ -36,7 +38,7 @@ def topology_mismatch(
 ) -> str | None:
     """None when the pair works, else an error that names both sides and their values."""
     model = ("architecture", "num_layers", "num_kv_heads", "head_dim", "vocab_size")
-    for name in (*model, "kv_dtype", "page_size", "tp_size"):
+    for name in (*model, "kv_dtype", "page_size"):
         p, d = getattr(prefill, name), getattr(decode, name)
         if p != d:
             what = "model" if name in model else name
@@ -47,17 +49,40 @@ def topology_mismatch(
     return None
 
 
+class KVHeads(msgspec.Struct, frozen=True):
+    """The KV heads one rank's pool rows hold: [first, first + count) of the topology's."""
+
+    first: int
+    count: int
+
+    def __contains__(self, head: int) -> bool:
+        return self.first <= head < self.first + self.count
+
+
+class RankKV(msgspec.Struct, frozen=True):
+    """One TP rank's KV buffers as its peers see them: its transfer-engine session, the heads
+    it holds, per layer the base address of its K and V buffers, and one token's row length in
+    bytes (per layer, K or V)."""
+
+    session: str
+    heads: KVHeads
+    k_ptrs: list[int]
+    v_ptrs: list[int]
+    item_len: int
+
+
 class RankInfo(msgspec.Struct, frozen=True):
-    """One prefill rank's control endpoint (its KV manager's ZMQ PULL socket)."""
+    """A prefill's control endpoint (its rank 0's KV manager's ZMQ PULL socket: rank 0 speaks
+    for its TP peers)."""
 
     tp_rank: int
     endpoint: str  # tcp://host:port
 
 
 class PrefillInfo(msgspec.Struct, frozen=True):
-    """GET /route on a prefill's bootstrap server, once every rank registered. `session`: new
-    each time the server starts (GET /health says it too), so a decode notices a prefill that
-    restarted at the same address with new control endpoints."""
+    """GET /route on a prefill's bootstrap server, once its control rank registered.
+    `session`: new each time the server starts (GET /health says it too), so a decode notices a
+    prefill that restarted at the same address with new control endpoints."""
 
     topology: Topology
     ranks: list[RankInfo]
@@ -69,16 +94,15 @@ class _Msg(msgspec.Struct, frozen=True, tag=True):
 
 
 class KVRequest(_Msg, frozen=True):
-    """Decode → prefill: write the prompt's KV from `decode_prefix_len` on into `dst_pages`."""
+    """Decode → prefill: write the prompt's KV from `decode_prefix_len` on into `dst_pages` of
+    every decode rank (TP ranks allocate in lock-step: the page ids are the same on each)."""
 
     room: int
-    decode_endpoint: str  # where the prefill answers (the decode rank's PULL socket)
-    decode_session: str  # the decode's transfer-engine session (host:rpc_port)
+    decode_endpoint: str  # where the prefill answers (the decode's rank-0 PULL socket)
     topology: Topology  # the decode's; the prefill checks it too
     decode_prefix_len: int  # tokens the decode already holds (page-aligned)
     dst_pages: list[int]  # decode page ids for positions decode_prefix_len … prompt end
-    dst_k_ptrs: list[int]  # per layer: base address of the decode's K buffer
-    dst_v_ptrs: list[int]
+    dst_ranks: list[RankKV]  # the decode's TP ranks, rank order
 
 
 class KVRefuse(_Msg, frozen=True):

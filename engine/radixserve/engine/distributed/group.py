@@ -1,5 +1,5 @@
 """GroupHandle: one process group with this rank's place in it and the collectives the engine
-uses (all-reduce, all-gather, all-to-all, broadcast of tensors and of bytes, min of an int).
+uses (all-reduce, all-gather, all-to-all, broadcast and all-gather of bytes, min of an int).
 
 Runs in every scheduler process. A group of size 1 (`GroupHandle.single()`) performs no
 communication, so the single-process engine runs the same layer code with no torch.distributed.
@@ -67,6 +67,25 @@ class GroupHandle:
             buf = torch.empty(n, dtype=torch.uint8)
         self.broadcast(buf, src)
         return buf.numpy().tobytes()
+
+    def all_gather_bytes(self, payload: bytes) -> list[bytes]:
+        """Every rank's payload, rank order (lengths first, then the bytes padded to the
+        longest). As with broadcast_bytes, the caller encodes typed messages."""
+        if self.size == 1:
+            return [payload]
+        length = torch.tensor([len(payload)], dtype=torch.int64)
+        lengths = [torch.empty_like(length) for _ in range(self.size)]
+        dist.all_gather(lengths, length, group=self.group)
+        sizes = [int(t.item()) for t in lengths]
+        longest = max(sizes)
+        if longest == 0:
+            return [b""] * self.size
+        buf = torch.zeros(longest, dtype=torch.uint8)
+        if payload:
+            buf[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        parts = [torch.empty_like(buf) for _ in range(self.size)]
+        dist.all_gather(parts, buf, group=self.group)
+        return [p[:n].numpy().tobytes() for p, n in zip(parts, sizes, strict=True)]
 
     def all_to_all(
         self, x: torch.Tensor, send_counts: list[int], recv_counts: list[int]

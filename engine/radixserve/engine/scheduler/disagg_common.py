@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from dataclasses import dataclass, field
 
 
@@ -84,8 +83,8 @@ class Tombstones:
     ttl_s: float
     rooms: dict[int, tuple[str, float]] = field(default_factory=dict)
 
-    def add(self, room: int, why: str) -> None:
-        self.rooms[room] = (why, time.monotonic())
+    def add(self, room: int, why: str, now: float) -> None:
+        self.rooms[room] = (why, now)
 
     def get(self, room: int) -> str | None:
         entry = self.rooms.get(room)

@@ -15,6 +15,10 @@ restarted at the same address (its bootstrap server names a new session) gets it
 rooms' `KVRequest`s again at its new endpoints: the router may have sent it those requests.
 Retraction needs nothing of this: a retracted request is recomputed here from its tokens like
 any other.
+
+Under TP the ranks allocate in lock-step, so one `KVRequest` names the same pages on every rank
+with each rank's buffers and heads; rank 0 alone talks to the prefill and looks prefills up, and
+each round's inputs are agreed by all ranks (`disagg_sync`).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from radixserve.engine.disaggregation.wire import (
 from radixserve.engine.ipc.finish_reason import FinishAbort, FinishReason
 from radixserve.engine.scheduler.disagg_common import DisaggConfig, DisaggStats
 from radixserve.engine.scheduler.disagg_directory import PrefillDirectory
+from radixserve.engine.scheduler.disagg_sync import RankRound, RoundSync, decode_msgs
 from radixserve.engine.scheduler.req import Req
 from radixserve.engine.scheduler.schedule_batch import ScheduleBatch
 
@@ -64,7 +69,7 @@ class Stage(Enum):
 class DecodeRoom:
     req: Req
     address: str  # the prefill's bootstrap host:port
-    since: float
+    since: float | None = None  # when its stage began (None: from the next round's clock)
     stage: Stage = Stage.RESOLVE
     endpoint: str = ""  # the prefill rank's control socket
     holds_kv: bool = False  # row and pages reserved (freed when the room ends)
@@ -78,12 +83,19 @@ class DecodeDisagg:
         kv: KVManager,
         topology: Topology,
         config: DisaggConfig,
+        sync: RoundSync,
     ) -> None:
         self.scheduler = scheduler
         self.kv = kv
         self.topology = topology
         self.config = config
-        self.directory = PrefillDirectory(config)
+        self.sync = sync
+        self.ranks = sync.ranks  # every rank's KV buffers, rank order: where the prefill writes
+        self.bytes_per_page = (
+            sum(2 * len(r.k_ptrs) * r.item_len for r in self.ranks) * kv.layout.page_size
+        )
+        self.directory = PrefillDirectory(config)  # used by rank 0 only
+        self.now = 0.0  # rank 0's clock at the last round: every rank times rooms by it
         self.rooms: dict[int, DecodeRoom] = {}
         self.stats = DisaggStats()
 
@@ -95,7 +107,7 @@ class DecodeDisagg:
                 f"bootstrap_room: room {boot.room} is already in use on this decode server", 400
             )
             return
-        self.rooms[boot.room] = DecodeRoom(req, f"{boot.host}:{boot.port}", time.monotonic())
+        self.rooms[boot.room] = DecodeRoom(req, f"{boot.host}:{boot.port}")
 
     def pending(self) -> bool:
         return bool(self.rooms)
@@ -104,22 +116,38 @@ class DecodeDisagg:
 
     def poll(self) -> list[Req]:
         """Progress every room; returns requests that got their first token or ended."""
+        rounds = self.sync.exchange(self._observe() if self.sync.lead else RankRound())
+        lead = rounds[0]
+        self.now = lead.now
         done: list[Req] = []
-        for msg in self.kv.recv_to_decode():
+        for msg in decode_msgs(lead.msgs, ToDecode):
             done += self._on_message(msg)
-        done += self._resolve()
+        done += self._resolve(lead.resolved)
         done += self._preallocate()
-        done += self._sweep(time.monotonic())
+        done += self._sweep(self.now, set(lead.dead), set(lead.restarted))
         return done
 
-    def _resolve(self) -> list[Req]:
+    def _observe(self) -> RankRound:
+        """Rank 0: this round's messages, and what it learnt of the prefills rooms wait on."""
+        resolving = {
+            r.address for r in self.rooms.values() if r.stage in (Stage.RESOLVE, Stage.REBIND)
+        }
+        resolved = {}
+        for address in resolving:
+            found = self.directory.resolve(address)
+            if found is not None:
+                resolved[address] = found
+        waiting = {r.address for r in self.rooms.values() if r.stage is not Stage.RESOLVE}
+        dead, restarted = self.directory.check(waiting)
+        msgs = self.kv.recv_raw()
+        return RankRound(time.monotonic(), msgs, [], resolved, sorted(dead), sorted(restarted))
+
+    def _resolve(self, resolved: dict[str, PrefillInfo | str]) -> list[Req]:
         done: list[Req] = []
         waiting = [r for r in self.rooms.values() if r.stage in (Stage.RESOLVE, Stage.REBIND)]
-        for address in {r.address for r in waiting}:
-            found = self.directory.resolve(address)
-            if found is None:
-                continue
-            for room in (r for r in waiting if r.address == address):
+        for room in waiting:
+            found = resolved.get(room.address)
+            if found is not None:
                 done += self._resolved(room, found)
         return done
 
@@ -150,7 +178,7 @@ class DecodeDisagg:
             return [room.req]
         room.endpoint = found.ranks[0].endpoint
         self.kv.send(room.endpoint, room.request)
-        room.stage, room.since = Stage.TRANSFER, time.monotonic()
+        room.stage, room.since = Stage.TRANSFER, None
         return []
 
     def _rebind(self, room: DecodeRoom) -> None:
@@ -199,13 +227,11 @@ class DecodeDisagg:
         req.cache_protected_len, req.kv_allocated_len = len(prefix), n
         room.holds_kv = True
         pages = (slots[::ps] // ps).tolist()
-        layout = self.kv.layout
         room.request = KVRequest(
-            _room(req), self.kv.endpoint, self.kv.backend.session_id, self.topology,
-            len(prefix), pages, list(layout.k_ptrs), list(layout.v_ptrs),
-        )  # fmt: skip
+            _room(req), self.kv.endpoint, self.topology, len(prefix), pages, self.ranks
+        )
         self.kv.send(room.endpoint, room.request)
-        room.stage, room.since = Stage.TRANSFER, time.monotonic()
+        room.stage, room.since = Stage.TRANSFER, None
         return True
 
     # ---- the prefill's answers ----------------------------------------------------------------
@@ -228,7 +254,7 @@ class DecodeDisagg:
         """The KV is here: the request joins the running batch with its first token."""
         self.kv.send(room.endpoint, KVAck(msg.room))
         del self.rooms[msg.room]
-        num_bytes = msg.num_pages * self.kv.layout.bytes_per_page  # what this side reserved
+        num_bytes = msg.num_pages * self.bytes_per_page  # what this side's ranks reserved
         self.stats.count_transfer(msg.num_pages, num_bytes)
         sched, req = self.scheduler, room.req
         req.output_ids.append(msg.first_token)
@@ -259,7 +285,7 @@ class DecodeDisagg:
         req.finished_reason = reason
         if room.stage is Stage.TRANSFER:
             self.kv.send(room.endpoint, KVAbort(_room(req), self.kv.endpoint))
-            room.stage, room.since = Stage.DRAIN, time.monotonic()
+            room.stage, room.since = Stage.DRAIN, None
             return [req]
         if room.endpoint and room.stage is Stage.PREALLOC:
             self.kv.send(room.endpoint, KVAbort(_room(req), self.kv.endpoint))
@@ -272,11 +298,11 @@ class DecodeDisagg:
             room.holds_kv = False
             self.scheduler.tree_cache.cache_finished_req(room.req, is_insert=False)
 
-    def _sweep(self, now: float) -> list[Req]:
+    def _sweep(self, now: float, dead: set[str], restarted: set[str]) -> list[Req]:
         done: list[Req] = []
-        waiting = {r.address for r in self.rooms.values() if r.stage is not Stage.RESOLVE}
-        dead, restarted = self.directory.check(waiting)
         for room in list(self.rooms.values()):
+            if room.since is None:
+                room.since = now
             age = now - room.since
             if room.address in restarted and room.stage is not Stage.RESOLVE:
                 self._rebind(room)

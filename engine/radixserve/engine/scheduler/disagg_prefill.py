@@ -13,6 +13,10 @@ A request that names a decode (`req.bootstrap`) lives in a room, keyed by its bo
 Aborts and failures in every queue tell the decode (`KVFailed`) and never free pages a write
 is still reading. Messages for rooms this side has not seen yet are kept until their request
 arrives (the router sends to both sides at once).
+
+Under TP every rank writes its own KV heads into the decode's ranks (re-sliced when the TP
+sizes differ); rank 0 alone sends and receives the control messages, and each round's inputs
+are agreed by all ranks (`disagg_sync`), so they keep the same rooms in the same stages.
 """
 
 from __future__ import annotations
@@ -24,7 +28,12 @@ from enum import Enum, auto
 from typing import TYPE_CHECKING
 
 from radixserve.engine.disaggregation.bootstrap import BootstrapServer
-from radixserve.engine.disaggregation.kv_manager import KVManager, TransferJob, TransferResult
+from radixserve.engine.disaggregation.kv_manager import (
+    KVManager,
+    TransferJob,
+    TransferResult,
+    plan_targets,
+)
 from radixserve.engine.disaggregation.wire import (
     KVAbort,
     KVAck,
@@ -39,6 +48,7 @@ from radixserve.engine.disaggregation.wire import (
 )
 from radixserve.engine.ipc.finish_reason import FinishAbort, FinishReason
 from radixserve.engine.scheduler.disagg_common import DisaggConfig, DisaggStats, Tombstones
+from radixserve.engine.scheduler.disagg_sync import Completions, RankRound, RoundSync, decode_msgs
 from radixserve.engine.scheduler.req import Req
 
 if TYPE_CHECKING:
@@ -57,7 +67,7 @@ class Stage(Enum):
 @dataclass(eq=False, slots=True)
 class PrefillRoom:
     req: Req
-    since: float
+    since: float | None = None  # when its stage began (None: from the next round's clock)
     stage: Stage = Stage.BOOTSTRAP
     request: KVRequest | None = None
     drain_to: str | None = None  # the decode aborted mid-transfer: answer it when drained
@@ -74,11 +84,16 @@ class PrefillDisagg:
         topology: Topology,
         address: str,
         config: DisaggConfig,
+        sync: RoundSync,
         server: BootstrapServer | None = None,
     ) -> None:
         self.scheduler = scheduler
-        self.server = server  # the bootstrap server this rank hosts
+        self.server = server  # the bootstrap server this rank hosts (rank 0)
         self.kv = kv
+        self.sync = sync
+        self.heads = [r.heads for r in sync.ranks]  # every rank's KV heads, rank order
+        self.completions = Completions(len(self.heads))
+        self.now = 0.0  # rank 0's clock at the last round: every rank times rooms by it
         self.topology = topology
         self.address = address  # this prefill's bootstrap host:port, for error messages
         self.config = config
@@ -98,7 +113,7 @@ class PrefillDisagg:
             )
             return
         req.sampling_params.max_new_tokens = 1  # the decode generates the rest
-        self.rooms[room] = PrefillRoom(req, time.monotonic())
+        self.rooms[room] = PrefillRoom(req)
         early = self.early.pop(room, None)
         if early is not None:
             self._dispatch(early[0])
@@ -110,12 +125,20 @@ class PrefillDisagg:
 
     def poll(self) -> list[Req]:
         """Progress every room; returns the requests that finished here."""
+        lead = self.sync.lead
+        mine = RankRound(
+            time.monotonic() if lead else 0.0,
+            self.kv.recv_raw() if lead else [],
+            self.kv.poll_done(),
+        )
+        rounds = self.sync.exchange(mine)
+        self.now = rounds[0].now
         done: list[Req] = []
-        for msg in self.kv.recv_to_prefill():
+        for msg in decode_msgs(rounds[0].msgs, ToPrefill):
             done += self._dispatch(msg)
-        for result in self.kv.poll_done():
+        for result in self.completions.add(rounds):
             done += self._on_transferred(result)
-        done += self._sweep(time.monotonic())
+        done += self._sweep(self.now)
         return done
 
     def _dispatch(self, msg: ToPrefill) -> list[Req]:
@@ -137,18 +160,18 @@ class PrefillDisagg:
         if isinstance(msg, KVAbort):
             self.early.pop(msg.room, None)
             self.kv.send(msg.decode_endpoint, KVDrained(msg.room))  # nothing in flight here
-            self.closed.add(msg.room, "the decode server aborted the request")
+            self.closed.add(msg.room, "the decode server aborted the request", self.now)
         elif isinstance(msg, KVRequest) and reason is not None:
             self.kv.send(msg.decode_endpoint, KVFailed(msg.room, reason))
         elif reason is None and isinstance(msg, KVRequest | KVRefuse):
-            self.early[msg.room] = (msg, time.monotonic())
+            self.early[msg.room] = (msg, self.now)
         return []
 
     def _on_request(self, room: PrefillRoom, msg: KVRequest) -> list[Req]:
         if room.stage is not Stage.BOOTSTRAP:
             return []  # a duplicate
         room.request = msg
-        problem = topology_mismatch(self.topology, msg.topology, self.address, msg.decode_session)
+        problem = topology_mismatch(self.topology, msg.topology, self.address, msg.decode_endpoint)
         if problem is None:
             problem = self._check_pages(room.req, msg)
         if problem is not None:
@@ -165,7 +188,11 @@ class PrefillDisagg:
         if start % ps or not 0 <= start <= n:
             return f"decode_prefix_len {start} is not a page boundary within the prompt ({n})"
         want = -(-n // ps) - start // ps
-        if len(msg.dst_pages) != want or len(msg.dst_k_ptrs) != self.topology.num_layers:
+        layers = {len(r.k_ptrs) for r in msg.dst_ranks} | {len(r.v_ptrs) for r in msg.dst_ranks}
+        if not msg.dst_ranks or layers != {self.topology.num_layers}:
+            want_layers = self.topology.num_layers
+            return f"the decode sent KV buffers for {sorted(layers)} layers, not {want_layers}"
+        if len(msg.dst_pages) != want:
             return (
                 f"the decode sent {len(msg.dst_pages)} pages for a prompt of {n} tokens from "
                 f"{start} (page size {ps}: {want} expected)"
@@ -198,7 +225,7 @@ class PrefillDisagg:
     def _close(self, req: Req, why: str) -> None:
         room = req_room(req)
         self.rooms.pop(room, None)
-        self.closed.add(room, why)
+        self.closed.add(room, why, self.now)
 
     # ---- after the prefill --------------------------------------------------------------------
 
@@ -217,11 +244,10 @@ class PrefillDisagg:
         row = self.scheduler.kv.req_to_token_pool.req_to_token[req.req_pool_idx]
         slots = row[msg.decode_prefix_len : n : ps].tolist()
         room.pages = [int(s) // ps for s in slots]
-        room.stage, room.since = Stage.TRANSFER, time.monotonic()
-        job = TransferJob(
-            msg.room, msg.decode_session, room.pages, msg.dst_pages, msg.dst_k_ptrs, msg.dst_v_ptrs
-        )
-        self.kv.submit(job)
+        room.stage, room.since = Stage.TRANSFER, None
+        rank = self.sync.cpu.rank
+        targets = plan_targets(rank, self.heads, msg.dst_ranks, self.kv.layout.head_bytes)
+        self.kv.submit(TransferJob(msg.room, room.pages, msg.dst_pages, targets))
         return True
 
     def _on_transferred(self, result: TransferResult) -> list[Req]:
@@ -236,7 +262,7 @@ class PrefillDisagg:
             return self._release(room)
         if result.rc != 0:
             self.stats.transfer_failed += 1
-            why = f"KV transfer to decode {msg.decode_session} failed (engine rc {result.rc})"
+            why = f"KV transfer to decode {msg.decode_endpoint} failed (engine rc {result.rc})"
             self.kv.send(msg.decode_endpoint, KVFailed(result.room, why))
             room.end = FinishAbort(why, 500)
             return self._release(room)
@@ -248,7 +274,7 @@ class PrefillDisagg:
             result.num_pages, result.num_bytes,
         )  # fmt: skip
         self.kv.send(msg.decode_endpoint, done)
-        room.stage, room.since = Stage.SENT, time.monotonic()
+        room.stage, room.since = Stage.SENT, None
         return []
 
     def _on_ack(self, room: PrefillRoom) -> list[Req]:
@@ -278,6 +304,8 @@ class PrefillDisagg:
         return done
 
     def _check_room(self, room: PrefillRoom, now: float) -> list[Req]:
+        if room.since is None:
+            room.since = now
         req, age = room.req, now - room.since
         if room.stage is Stage.BOOTSTRAP and age > self.config.bootstrap_timeout_s:
             self.stats.bootstrap_failed += 1
