@@ -161,6 +161,9 @@ def test_unknown_kwarg_is_rejected_by_name() -> None:
         ({"tp_size": 4, "ep_size": 3}, "ep_size"),  # an EP group is ep_size TP ranks
         ({"tp_size": 2, "ep_size": 2, "moe_a2a_backend": "deepep"}, "moe_a2a_backend"),
         ({"dp_size": 2, "load_balance_method": "minimum_tokens"}, "load_balance_method"),
+        # PD: TP ranks share one set of rooms; DP ranks would each need their own
+        ({"dp_size": 2, "disaggregation_mode": "prefill"}, "disaggregation_mode"),
+        ({"tp_size": 2, "dp_size": 2, "disaggregation_mode": "decode"}, "disaggregation_mode"),
         ({"tp_size": 2, "enable_dp_attention": True}, "enable_dp_attention"),  # dp_size 1
         # under DP attention tp_size is the whole world: ep may not exceed it
         ({"tp_size": 2, "dp_size": 2, "ep_size": 4, "enable_dp_attention": True}, "ep_size"),
@@ -184,6 +187,8 @@ def test_bad_values_are_refused_naming_the_flag(kwargs: dict[str, object], field
 
 
 def test_tensor_parallelism_is_accepted() -> None:
+    assert ServerArgs.from_kwargs(tp_size=2, disaggregation_mode="prefill").tp_size == 2
+    assert ServerArgs.from_kwargs(tp_size=4, disaggregation_mode="decode").tp_size == 4
     assert ServerArgs.from_kwargs(tp_size=4).tp_size == 4
     args = ServerArgs.from_kwargs(tp_size=4, ep_size=2, moe_a2a_backend="all_to_all")
     assert (args.ep_size, args.moe_a2a_backend) == (2, "all_to_all")

@@ -48,7 +48,11 @@ def prefill_tp2(
 
 def _decode(folder: Path, tp: int, log_dir: str) -> Any:
     args = ("--tp-size", str(tp), "--max-total-tokens", str(POOL), "--disaggregation-mode")
-    return live_server(*COMMON, *args, "decode", model_path=str(folder), log_dir=log_dir)
+    # A decode reserves what its running requests may still generate before it takes a
+    # prompt's KV; a small new-token ratio lets it take more, so that they outgrow the pool
+    # and retract (retracted requests are prefilled again on the decode).
+    args += ("decode", "--schedule-conservativeness", "0.1")
+    return live_server(*COMMON, *args, model_path=str(folder), log_dir=log_dir)
 
 
 def _round(pair: Pair, batch: list[list[int]]) -> list[dict[str, Any]]:

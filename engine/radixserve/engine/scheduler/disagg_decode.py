@@ -48,6 +48,7 @@ from radixserve.engine.ipc.finish_reason import FinishAbort, FinishReason
 from radixserve.engine.scheduler.disagg_common import DisaggConfig, DisaggStats
 from radixserve.engine.scheduler.disagg_directory import PrefillDirectory
 from radixserve.engine.scheduler.disagg_sync import RankRound, RoundSync, decode_msgs
+from radixserve.engine.scheduler.prefill_adder import remaining_new_tokens
 from radixserve.engine.scheduler.req import Req
 from radixserve.engine.scheduler.schedule_batch import ScheduleBatch
 
@@ -194,11 +195,25 @@ class DecodeDisagg:
 
     def _preallocate(self) -> list[Req]:
         """Reserve memory for queued rooms in arrival order, stopping at the first that does
-        not fit (it keeps its place)."""
+        not fit (it keeps its place). Requests the running batch retracted go first: none is
+        reserved while the waiting queue holds any."""
+        if self.scheduler.waiting_queue:
+            return []
         for room in [r for r in self.rooms.values() if r.stage is Stage.PREALLOC]:
             if not self._reserve(room):
                 break
         return []
+
+    def _future_tokens(self) -> float:
+        """What the running batch and the rooms already reserved may still generate, as
+        admission budgets a running request (new_token_ratio of its remaining tokens), plus
+        a page each for its next step. A reserved room's pages are pinned until its KV
+        arrives (no retraction can take them), so it is admitted only within this."""
+        sched = self.scheduler
+        reqs = sched.running_batch.reqs
+        held = [r.req for r in self.rooms.values() if r.holds_kv]
+        remaining = sum(remaining_new_tokens(r) for r in (*reqs, *held))
+        return sched.ratio.value * remaining + self.topology.page_size * (len(reqs) + 1)
 
     def _reserve(self, room: DecodeRoom) -> bool:
         sched, req = self.scheduler, room.req
@@ -208,9 +223,12 @@ class DecodeDisagg:
         prefix = match.indices
         kv.tree_cache.inc_lock_ref(match.last_node)
         need = (-(-n // ps) - len(prefix) // ps) * ps
-        reserve = ps * (len(sched.running_batch.reqs) + 1)  # a page per running request
+        # its prompt, all it may generate (as a request admitted to a prefill), the others';
+        # alone here it needs only its prompt (its length was checked against the pool)
+        alone = not sched.running_batch.reqs and not any(r.holds_kv for r in self.rooms.values())
+        reserve = 0.0 if alone else remaining_new_tokens(req) + self._future_tokens()
         if kv.allocator.available_size() < need + reserve:
-            kv.tree_cache.evict(need + reserve - kv.allocator.available_size())
+            kv.tree_cache.evict(int(need + reserve) - kv.allocator.available_size())
         rows = None
         if kv.allocator.available_size() >= need + reserve:
             rows = kv.req_to_token_pool.alloc(1)

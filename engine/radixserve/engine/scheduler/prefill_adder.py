@@ -59,10 +59,7 @@ class PrefillAdder:
         self.tree_cache = tree_cache
         self.allocator = allocator
         mixed = budget.mixed_decode_tokens
-        reserved = sum(
-            min(max(r.sampling_params.max_new_tokens - len(r.output_ids), 0), CLIP_MAX_NEW_TOKENS)
-            for r in running_reqs
-        )
+        reserved = sum(remaining_new_tokens(r) for r in running_reqs)
         self.rem_total_token_offset = reserved * budget.new_token_ratio + mixed
         self.cur_rem_token_offset = float(mixed)
         self.rem_input_tokens = budget.max_prefill_tokens - mixed
@@ -113,7 +110,7 @@ class PrefillAdder:
         req.extend_input_len = min(req.extend_input_len, room)
         req.fill_ids = req.fill_ids[: len(req.prefix_indices) + req.extend_input_len]
         self.can_run_list.append(req)
-        self._update_budget(req.extend_input_len, 0 if truncated else _max_new(req))
+        self._update_budget(req.extend_input_len, 0 if truncated else remaining_new_tokens(req))
         return req if truncated else None
 
     def add_one_req(self, req: Req, peek: PrefixPeek | None = None) -> AddReqResult:
@@ -122,7 +119,7 @@ class PrefillAdder:
         if peek is None:
             peek = self.tree_cache.peek_prefix(prefix_match_key(req))
         extend_len = len(req.full_ids()) - peek.length
-        max_new = _max_new(req)
+        max_new = remaining_new_tokens(req)
         if extend_len + max_new >= self.rem_total_tokens:
             return AddReqResult.NO_TOKEN
         real_input = _ceil_page(extend_len, self.page_size)
@@ -159,6 +156,7 @@ class PrefillAdder:
         req.init_next_round_input()
 
 
-def _max_new(req: Req) -> int:
+def remaining_new_tokens(req: Req) -> int:
+    """The tokens a request may still generate, clipped as admission budgets them."""
     remaining = req.sampling_params.max_new_tokens - len(req.output_ids)
     return min(max(remaining, 0), CLIP_MAX_NEW_TOKENS)

@@ -52,15 +52,17 @@ def retract_decode(
     batch: ScheduleBatch,
     tree_cache: BasePrefixCache,
     fits: Callable[[ScheduleBatch], bool],
+    keep: int = 1,
 ) -> list[Req]:
     """Pop requests until the next decode step fits: fewest generated tokens first, ties →
-    longest prompt first. Never retracts the last request. Retracted requests lose their KV
-    (not cached) but keep their outputs, and re-enter through the waiting queue."""
+    longest prompt first. Never retracts the last `keep` requests (a PD decode passes 0: its
+    rooms' pages are pinned while their KV arrives). Retracted requests lose their KV (not
+    cached) but keep their outputs, and re-enter through the waiting queue."""
     order = sorted(
         batch.reqs, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)), reverse=True
     )
     retracted: list[Req] = []
-    while len(order) > 1 and not fits(batch):
+    while len(order) > keep and not fits(batch):
         req = order.pop()
         retracted.append(req)
         batch.filter_batch([r for r in batch.reqs if r is not req])

@@ -280,14 +280,17 @@ class Scheduler:
         self.kv.req_to_token_pool.clear()
         return True
 
-    def update_running_batch(self) -> ScheduleBatch:
+    def update_running_batch(self) -> ScheduleBatch | None:
         batch = self.running_batch
         batch.filter_batch()
         if self.spec is not None and self.spec.prepare(batch):
             self.ratio.decay()
             return batch  # a verify; where no drafts (or their slots) came: a plain decode
         if not self._decode_mem_ok(batch):
-            retracted = retract_decode(batch, self.tree_cache, self._decode_mem_ok)
+            # A PD decode's rooms hold pages no retraction can take until their KV arrives:
+            # even the last request may have to wait for them (in the waiting queue).
+            keep = 0 if isinstance(self.pd, DecodeDisagg) else 1
+            retracted = retract_decode(batch, self.tree_cache, self._decode_mem_ok, keep)
             self.total_retractions += len(retracted)
             self.waiting_queue.extend(retracted)
             self.ratio.after_retraction(batch.reqs)
@@ -296,6 +299,8 @@ class Scheduler:
             )
         else:
             self.ratio.decay()
+        if not batch.reqs:
+            return None
         batch.prepare_for_decode()
         return batch
 
