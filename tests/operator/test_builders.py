@@ -328,3 +328,20 @@ def test_pd_pools_args_parse_with_the_engines_and_routers_own_parsers() -> None:
     }
     assert roles == {"chat-prefill": "prefill", "chat-decode": "decode"}
     assert children[("Deployment", "chat-decode")]["spec"]["replicas"] == 2
+
+
+def test_pd_pools_at_different_tp_sizes_render_for_the_engine() -> None:
+    """Each pool renders its own TP size (prefill tp2, decode tp1): the engines re-slice the KV
+    heads between them."""
+    from radixserve.engine.configs.cli_args import server_args_from_namespace
+
+    tp2 = {**SMOLLM_PD["prefill"], "parallelism": {"tp": 2}}
+    spec = parse_spec({**SMOLLM_PD, "prefill": tp2}, "chat")
+    prefill = server_args_from_namespace(
+        _engine_namespace(engine_args(spec.for_role("prefill"), "prefill"))
+    )
+    decode = server_args_from_namespace(
+        _engine_namespace(engine_args(spec.for_role("decode"), "decode"))
+    )
+    assert (prefill.tp_size, prefill.disaggregation_mode) == (2, "prefill")
+    assert (decode.tp_size, decode.disaggregation_mode) == (1, "decode")

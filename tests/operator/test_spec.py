@@ -160,7 +160,12 @@ def test_pd_pools_parse_with_their_bootstrap_port() -> None:
         ({"decode__kvCache": {"pageSize": 1}}, "spec.decode.kvCache", "prefill 16, decode 1"),
         ({"decode__extraArgs": ["--dtype", "bfloat16"]}, "spec.decode.extraArgs", "float32"),
         ({"decode__device": "cuda"}, "spec.decode.device", "prefill cpu, decode cuda"),
-        ({"prefill__parallelism": {"tp": 2}}, "spec.prefill.parallelism", "tp = dp = ep = 1"),
+        ({"prefill__parallelism": {"dp": 2}}, "spec.prefill.parallelism", "dp = 1"),
+        (
+            {"decode__parallelism": {"tp": 2, "dp": 2, "dpAttention": True}},
+            "spec.decode.parallelism",
+            "no dpAttention",
+        ),
         ({"prefill__bootstrapPort": 30000}, "spec.prefill.bootstrapPort", "free port"),
         ({"decode__bootstrapPort": 9000}, "spec.decode.bootstrapPort", "unknown field"),
         (

@@ -236,9 +236,10 @@ def _pd(r: _Reader, name: str) -> PDSpec | None:
 
 def _check_pd_pool(pool: EngineSpec, path: str) -> None:
     p = pool.parallelism
-    if (p.tp, p.dp, p.ep, p.dp_attention) != (1, 1, 1, False):
+    if (p.dp, p.dp_attention) != (1, False):  # a pool's TP ranks share its rooms; DP's would not
         raise SpecError(
-            f"{path}.parallelism", "prefill/decode pools run with tp = dp = ep = 1 for now"
+            f"{path}.parallelism",
+            "prefill/decode pools run with dp = 1 and no dpAttention (tp and ep may be > 1)",
         )
 
 
