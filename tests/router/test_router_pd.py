@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from tests.child_env import child_env
-from tests.engine.disaggregation.pd_servers import COMMON, Pair, at_rest, load
+from tests.engine.disaggregation.pd_servers import COMMON, Pair, at_rest, load, send_both
 from tests.engine.server.live_server import LiveServer, live_server
 from tests.ports import free_port
 from tests.router.router_proc import router_proc
@@ -118,6 +118,52 @@ def test_prompt_logprobs_come_from_the_prefill(colocated: LiveServer, pair: Pair
             outs, want_outs = got["output_token_logprobs"], want["output_token_logprobs"]
             assert [r[1] for r in outs] == [r[1] for r in want_outs]
             assert [r[0] for r in outs] == pytest.approx([r[0] for r in want_outs], abs=1e-4)
+    _settle(pair)
+
+
+def test_openai_echo_logprobs_through_the_pair(colocated: LiveServer, pair: Pair) -> None:
+    """lm-eval's loglikelihood request (completions, echo + logprobs) through the router in PD
+    mode: the prefill sends the prompt's log-probabilities with the KV, so the decode's own
+    answer carries them, as a co-located server's."""
+    args = ("--pd-disaggregation", "--prefill", pair.prefill.base_url, str(pair.bootstrap_port))
+    prompt = "The capital of France is Paris, and the capital of Spain is"
+
+    def ask(url: str) -> Any:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        out = client.completions.create(
+            model=client.models.list().data[0].id, prompt=prompt, max_tokens=3,
+            temperature=0, echo=True, logprobs=2,
+        )  # fmt: skip
+        return out.choices[0]
+
+    want = ask(colocated.base_url)
+    with router_proc([], *args, "--decode", pair.decode.base_url, healthy=1) as router:
+        got = ask(router.url)
+    assert got.text == want.text and got.logprobs.tokens == want.logprobs.tokens
+    lps, want_lps = got.logprobs.token_logprobs, want.logprobs.token_logprobs
+    assert lps[0] is None and want_lps[0] is None
+    assert lps[1:] == pytest.approx(want_lps[1:], abs=1e-4)
+    assert [sorted(t) for t in got.logprobs.top_logprobs[1:]] == [
+        sorted(t) for t in want.logprobs.top_logprobs[1:]
+    ]
+    _settle(pair)
+
+
+def test_the_decode_answers_the_prompts_logprobs_itself(pair: Pair) -> None:
+    """Without a router to merge them: the decode's answer has the prefill's values."""
+    body = {
+        "text": "The capital of France is Paris, and the capital of Spain is",
+        "sampling_params": {"max_new_tokens": 2, "temperature": 0},
+        "return_logprob": True,
+        "logprob_start_len": 3,
+        "top_logprobs_num": 1,
+    }
+    p, d = send_both(pair, "/generate", body)
+    assert (p.status_code, d.status_code) == (200, 200), (p.text, d.text)
+    prefill, decode = p.json()["meta_info"], d.json()["meta_info"]
+    assert decode["input_token_logprobs"] == prefill["input_token_logprobs"]
+    assert decode["input_top_logprobs"] == prefill["input_top_logprobs"]
+    assert len(decode["input_token_logprobs"]) == decode["prompt_tokens"] - 3
     _settle(pair)
 
 

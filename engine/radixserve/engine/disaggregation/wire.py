@@ -127,7 +127,8 @@ class KVAck(_Msg, frozen=True):
 
 
 class KVDone(_Msg, frozen=True):
-    """Prefill → decode: every page is written; the request's first token and its counts."""
+    """Prefill → decode: every page is written; the request's first token, its counts, and
+    the prompt's log-probabilities where the request asked for them."""
 
     room: int
     first_token: int
@@ -136,6 +137,9 @@ class KVDone(_Msg, frozen=True):
     cached_tokens: int  # prompt tokens the prefill found in its radix cache
     num_pages: int
     num_bytes: int
+    # the prompt's log-probabilities (logprob_start_len ≥ 0): only the prefill computes them
+    input_token_logprobs: list[float | None] = []
+    input_top_logprobs: list[list[tuple[float, int]]] = []
 
 
 class KVFailed(_Msg, frozen=True):

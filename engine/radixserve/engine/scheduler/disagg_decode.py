@@ -281,6 +281,10 @@ class DecodeDisagg:
             if req.top_logprobs_num:
                 req.output_top_logprobs.append(list(msg.top_logprobs))
         req.cached_tokens = msg.cached_tokens
+        if req.wants_input_logprobs:  # computed by the prefill: this side computes none
+            req.input_token_logprobs = list(msg.input_token_logprobs)
+            req.input_top_logprobs = [list(top) for top in msg.input_top_logprobs]
+            req.input_logprob_next = len(req.origin_input_ids) - 1
         req.fill_ids = list(req.origin_input_ids)
         assert req.req_pool_idx is not None
         row = sched.kv.req_to_token_pool.req_to_token[req.req_pool_idx]

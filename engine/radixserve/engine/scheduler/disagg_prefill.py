@@ -272,6 +272,7 @@ class PrefillDisagg:
         done = KVDone(
             result.room, req.output_ids[0], logprob, top, req.cached_tokens,
             result.num_pages, result.num_bytes,
+            req.input_token_logprobs, req.input_top_logprobs,
         )  # fmt: skip
         self.kv.send(msg.decode_endpoint, done)
         room.stage, room.since = Stage.SENT, None
