@@ -90,6 +90,24 @@ SMOLLM_PD: dict[str, Any] = {
     "router": {"policy": "cache_aware"},
 }
 
+# The PD pools, each with its own HPA (queued prompts for the prefill, KV use for the decode).
+SMOLLM_PD_AUTOSCALED: dict[str, Any] = {
+    **SMOLLM_PD,
+    "prefill": {
+        **SMOLLM_PD["prefill"],
+        "autoscaling": {"maxReplicas": 3, "metric": "queuedRequests", "targetPerReplica": 4},
+    },
+    "decode": {
+        **SMOLLM_PD["decode"],
+        "autoscaling": {
+            "minReplicas": 2,
+            "maxReplicas": 8,
+            "metric": "kvTokenUsage",
+            "targetPerReplica": 0.7,
+        },
+    },
+}
+
 # HiCache: a host tier by size and a file storage tier on a shared claim.
 SMOLLM_HICACHE: dict[str, Any] = {
     **SMOLLM_CPU,
@@ -132,6 +150,7 @@ CASES = {
     "smollm-autoscaled": SMOLLM_AUTOSCALED,
     "smollm-keys": SMOLLM_KEYS,
     "smollm-pd": SMOLLM_PD,
+    "smollm-pd-autoscaled": SMOLLM_PD_AUTOSCALED,
     "smollm-hicache": SMOLLM_HICACHE,
     "smollm-mooncake": SMOLLM_MOONCAKE,
 }

@@ -63,14 +63,15 @@ def test_children_match_golden_files(case: str) -> None:
 def test_every_child_passes_kubernetes_strict_validation(case: str) -> None:
     children = _children(CASES[case])
     built = [(c["apiVersion"], c["kind"], c["metadata"]["name"]) for c in children]
-    # every child in child_refs order; only the HPA is optional
+    # every child in child_refs order
     assert built == [ref for ref in child_refs(OWNER.name) if ref in built]
-    # only the HPA is optional, either the engine pool or the prefill/decode pools, and the
+    # only the HPAs are optional, either the engine pool or the prefill/decode pools, and the
     # Mooncake master (only for a Mooncake storage tier without a master of the user's)
     pools = {"chat-engine"} if "prefill" in CASES[case] else {"chat-prefill", "chat-decode"}
     pools.add("chat-mooncake")
+    hpas = ("chat", "chat-prefill", "chat-decode")
     assert {ref for ref in child_refs(OWNER.name) if ref not in built} <= {
-        ("autoscaling/v2", "HorizontalPodAutoscaler", "chat"),
+        *(("autoscaling/v2", "HorizontalPodAutoscaler", name) for name in hpas),
         *((api, kind, name) for api, kind, name in child_refs(OWNER.name) if name in pools),
     }
     for child in children:
@@ -345,3 +346,29 @@ def test_pd_pools_at_different_tp_sizes_render_for_the_engine() -> None:
     )
     assert (prefill.tp_size, prefill.disaggregation_mode) == (2, "prefill")
     assert (decode.tp_size, decode.disaggregation_mode) == (1, "decode")
+
+
+def test_pd_pools_hpas_scale_their_deployments() -> None:
+    from tests.operator.cases import SMOLLM_PD_AUTOSCALED
+
+    children = {(c["kind"], c["metadata"]["name"]): c for c in _children(SMOLLM_PD_AUTOSCALED)}
+    for role, metric in (
+        ("prefill", "radixserve_queued_requests"),
+        ("decode", "radixserve_kv_token_usage"),
+    ):
+        hpa = children[("HorizontalPodAutoscaler", f"chat-{role}")]["spec"]
+        assert hpa["scaleTargetRef"] == {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": f"chat-{role}",
+        }
+        assert hpa["metrics"][0]["pods"]["metric"]["name"] == metric
+        assert "replicas" not in children[("Deployment", f"chat-{role}")]["spec"]  # the HPA's
+    assert ("HorizontalPodAutoscaler", "chat") not in children
+    suspended = _children({**SMOLLM_PD_AUTOSCALED, "suspend": True})
+    assert not [c for c in suspended if c["kind"] == "HorizontalPodAutoscaler"]
+    assert {
+        c["spec"]["replicas"]
+        for c in suspended
+        if c["metadata"]["name"] in ("chat-prefill", "chat-decode") and c["kind"] == "Deployment"
+    } == {0}

@@ -161,3 +161,52 @@ def test_an_hpa_deleted_by_hand_is_restored_and_a_foreign_one_left_alone() -> No
             await eventually(restored, "HPA deleted by hand recreated by the resync")
 
     run(scenario)
+
+
+def test_a_pd_pools_hpa_owns_its_deployments_replicas() -> None:
+    """spec.decode.autoscaling: an HPA on the decode Deployment (the HPA controller is
+    simulated by a merge patch of that Deployment's replicas, what its /scale writes). The
+    operator never writes them back, not even when the autoscaling was added to a running
+    pool; removed, the HPA goes and the pool runs its spec.decode.replicas again."""
+    from tests.operator.cases import SMOLLM_PD
+
+    async def scenario() -> None:
+        async with running_operator() as k8s:
+            await k8s.create("chat", SMOLLM_PD)
+            decode_path = f"{DEPLOYMENTS}/chat-decode"
+
+            async def decode_replicas() -> int | None:
+                d = await k8s.get(decode_path)
+                return None if d is None else d["spec"].get("replicas")
+
+            await eventually(lambda: k8s.get(decode_path), "decode Deployment")
+            assert await decode_replicas() == 2  # spec.decode.replicas
+            scaling = {"minReplicas": 1, "maxReplicas": 4, "metric": "kvTokenUsage"}
+            scaling["targetPerReplica"] = 0.6
+            await k8s.send("PATCH", f"{ISVCS}/chat", {"spec": {"decode": {"autoscaling": scaling}}})
+            hpa = await eventually(lambda: k8s.get(f"{HPAS}/chat-decode"), "the decode's HPA")
+            assert hpa["spec"]["scaleTargetRef"] == {
+                "apiVersion": "apps/v1", "kind": "Deployment", "name": "chat-decode"
+            }  # fmt: skip
+            assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 4)
+            assert await k8s.get(f"{HPAS}/chat-prefill") is None
+            assert await decode_replicas() == 2  # left as it was, not nulled to 1
+            await k8s.send("PATCH", decode_path, {"spec": {"replicas": 3}})  # the HPA acts
+            # a later pass (a spec change) leaves the HPA's count alone
+            await k8s.send("PATCH", f"{ISVCS}/chat", {"spec": {"prefill": {"replicas": 2}}})
+
+            async def prefill_two() -> bool:
+                d = await k8s.get(f"{DEPLOYMENTS}/chat-prefill")
+                return d is not None and d["spec"]["replicas"] == 2
+
+            await eventually(prefill_two, "the prefill patched to 2")
+            assert await decode_replicas() == 3
+            await k8s.send("PATCH", f"{ISVCS}/chat", {"spec": {"decode": {"autoscaling": None}}})
+
+            async def hpa_gone_and_spec_back() -> bool:
+                hpa = await k8s.get(f"{HPAS}/chat-decode")
+                return hpa is None and await decode_replicas() == 2
+
+            await eventually(hpa_gone_and_spec_back, "HPA deleted, spec.decode.replicas again")
+
+    run(scenario)

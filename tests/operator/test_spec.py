@@ -18,7 +18,7 @@ from radixserve.operator.schema import (
     SpecError,
 )
 from radixserve.operator.spec import parse_spec
-from tests.operator.cases import CASES, SMOLLM_PD, spec_with
+from tests.operator.cases import CASES, SMOLLM_PD, SMOLLM_PD_AUTOSCALED, spec_with
 
 MODEL = {"name": "m", "source": {"builtin": "smollm2-135m"}}
 
@@ -183,14 +183,29 @@ def test_pd_pairs_that_cannot_work_are_refused(
     assert err.value.field.startswith(field) and words in str(err.value), str(err.value)
 
 
-def test_pd_needs_both_pools_and_no_autoscaling() -> None:
+def test_pd_needs_both_pools_and_no_engine_autoscaling() -> None:
     only = {k: v for k, v in SMOLLM_PD.items() if k != "decode"}
     with pytest.raises(SpecError, match="both pools or neither") as err:
         parse_spec(only, "chat")
     assert err.value.field == "spec.decode"
     scaled = {**SMOLLM_PD, "autoscaling": {"maxReplicas": 3, "targetPerReplica": 4}}
-    with pytest.raises(SpecError, match="not supported") as err:
+    with pytest.raises(SpecError, match="each pool's autoscaling") as err:
         parse_spec(scaled, "chat")
     with pytest.raises(SpecError) as err:
         parse_spec(SMOLLM_PD, "a" * 56)  # "-prefill" is one longer than "-engine"
     assert err.value.field == "metadata.name"
+
+
+def test_pd_pools_autoscale_each_with_its_own_bounds() -> None:
+    pd = parse_spec(SMOLLM_PD_AUTOSCALED, "chat").pd
+    assert pd is not None
+    prefill, decode = pd.scaling("prefill"), pd.scaling("decode")
+    assert prefill is not None and (prefill.min_replicas, prefill.max_replicas) == (1, 3)
+    assert decode is not None and (decode.metric, decode.target_per_replica) == (
+        "kvTokenUsage",
+        0.7,
+    )
+    bad = _pd(decode__autoscaling={"minReplicas": 5, "maxReplicas": 2, "targetPerReplica": 1})
+    with pytest.raises(SpecError) as err:
+        parse_spec(bad, "chat")
+    assert err.value.field == "spec.decode.autoscaling.minReplicas"

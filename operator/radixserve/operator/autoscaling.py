@@ -1,10 +1,12 @@
-"""Autoscaling child: the HorizontalPodAutoscaler (autoscaling/v2) of one InferenceService.
+"""Autoscaling children: the HorizontalPodAutoscalers (autoscaling/v2) of one InferenceService.
 
-Pure functions of the parsed spec. The HPA scales the InferenceService itself (its /scale
-subresource writes `spec.engine.replicas`), never the engine Deployment, so the operator stays
-the only writer of the Deployment's replicas. It reads one Pods metric per engine pod through
-the custom metrics API; prometheus-adapter (or KEDA) serves it from the engine's Prometheus
-series named in `METRICS` (docs/observability.md has the adapter rules).
+Pure functions of the parsed spec. The engine's HPA scales the InferenceService itself (its
+/scale subresource writes `spec.engine.replicas`), never the engine Deployment, so the operator
+stays the only writer of that Deployment's replicas. PD pools each have their own HPA on their
+own Deployment (one /scale subresource cannot serve two pools), which owns its replicas. Each
+reads one Pods metric per engine pod through the custom metrics API; prometheus-adapter (or
+KEDA) serves it from the engine's Prometheus series named in `METRICS` (docs/observability.md
+has the adapter rules).
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from radixserve.operator.kinds import HPA, INFERENCE_SERVICE
-from radixserve.operator.meta import ENGINE, Owner, object_meta
-from radixserve.operator.schema import Autoscaling, InferenceServiceSpec
+from radixserve.operator.kinds import DEPLOYMENT, HPA, INFERENCE_SERVICE
+from radixserve.operator.meta import ENGINE, Owner, object_meta, pool_name
+from radixserve.operator.schema import ROLES, Autoscaling, InferenceServiceSpec
 
 
 @dataclass(frozen=True)
@@ -94,12 +96,33 @@ def horizontal_pod_autoscaler(owner: Owner, spec: InferenceServiceSpec) -> dict[
     a = spec.autoscaling
     if a is None or spec.suspend:
         return None
+    target = {**INFERENCE_SERVICE.type_meta(), "name": owner.name}
+    return _hpa(owner, hpa_name(owner.name), target, a)
+
+
+def pool_autoscalers(owner: Owner, spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """One HPA per PD pool that asks for one (none while suspended). The CRD has one /scale
+    subresource, so a pool's HPA scales the pool's Deployment, and owns its replicas (the
+    operator then leaves them unset, as KServe does in raw deployment mode)."""
+    if spec.pd is None or spec.suspend:
+        return []
+    out = []
+    for role in ROLES:
+        a = spec.pd.scaling(role)
+        if a is not None:
+            name = pool_name(owner.name, role)
+            target = {**DEPLOYMENT.type_meta(), "name": name}
+            out.append(_hpa(owner, name, target, a))
+    return out
+
+
+def _hpa(owner: Owner, name: str, target: dict[str, Any], a: Autoscaling) -> dict[str, Any]:
     metric = METRICS[a.metric]
     return {
         **HPA.type_meta(),
-        "metadata": object_meta(owner, hpa_name(owner.name), ENGINE),
+        "metadata": object_meta(owner, name, ENGINE),
         "spec": {
-            "scaleTargetRef": {**INFERENCE_SERVICE.type_meta(), "name": owner.name},
+            "scaleTargetRef": target,
             "minReplicas": a.min_replicas,
             "maxReplicas": a.max_replicas,
             "metrics": [

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixserve.operator.autoscaling import horizontal_pod_autoscaler, hpa_name
+from radixserve.operator.autoscaling import horizontal_pod_autoscaler, hpa_name, pool_autoscalers
 from radixserve.operator.config import OperatorConfig
 from radixserve.operator.engine_manifests import engine_deployment, engine_service
 from radixserve.operator.kinds import (
@@ -57,7 +57,7 @@ def build_children(
     if NETWORK_POLICY.is_built(config):
         children.append(engine_network_policy(owner, spec))
     hpa = horizontal_pod_autoscaler(owner, spec)
-    return children if hpa is None else [*children, hpa]
+    return [*children, *([] if hpa is None else [hpa]), *pool_autoscalers(owner, spec)]
 
 
 def _mooncake_master(
@@ -89,7 +89,7 @@ def _engine_pools(
 
 def child_refs(name: str, config: OperatorConfig | None = None) -> list[tuple[str, str, str]]:
     """(apiVersion, kind, name) of every child the operator may own, in build order (the
-    optional HPA last); needs no (valid) spec. Only of the kinds an operator with `config`
+    optional HPAs last); needs no (valid) spec. Only of the kinds an operator with `config`
     (default: the default settings) builds: without the NetworkPolicy setting it may hold no
     rights on NetworkPolicies at all."""
     config = config or OperatorConfig()
@@ -106,5 +106,6 @@ def child_refs(name: str, config: OperatorConfig | None = None) -> list[tuple[st
         (SERVICE, name),
         (NETWORK_POLICY, engine_name(name)),
         (HPA, hpa_name(name)),
+        *((HPA, pool_name(name, role)) for role in ROLES),
     ]
     return [(kind.api_version, kind.kind, n) for kind, n in refs if kind.is_built(config)]

@@ -274,11 +274,14 @@ def engine_deployment(
     # GPUs are scarce: replace pods one at a time instead of surging onto extra devices.
     surge = 0 if e.gpus else 1
     rolling = {"maxSurge": surge, "maxUnavailable": 1 - surge}
+    # A PD pool with its own HPA: the HPA sets the Deployment's replicas, the operator does not
+    scaled = spec.pd is not None and role is not None and spec.pd.scaling(role) is not None
+    replicas = {} if scaled and not spec.suspend else {"replicas": spec.engine_replicas}
     return {
         **DEPLOYMENT.type_meta(),
         "metadata": _pool_meta(owner, role),
         "spec": {
-            "replicas": spec.engine_replicas,
+            **replicas,
             "selector": {"matchLabels": pool_selector(owner.name, role)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling},
             "template": {

@@ -157,6 +157,16 @@ def removals(last: Any, desired: Any) -> dict[str, Any]:
     return out
 
 
+def _leave_scaled_replicas(obj: Mapping[str, Any], dropped: dict[str, Any]) -> None:
+    """A Deployment whose replicas we set last time and no longer do is scaled by an HPA now:
+    its count is the HPA's, not to be nulled (which would drop it to 1 until the HPA acts)."""
+    spec = dropped.get("spec")
+    if obj.get("kind") == "Deployment" and isinstance(spec, dict) and "replicas" in spec:
+        del spec["replicas"]
+        if not spec:
+            del dropped["spec"]
+
+
 def _merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in extra.items():
@@ -268,6 +278,7 @@ class Kube:
         annotations = (live.get("metadata") or {}).get("annotations") or {}
         last = json.loads(annotations.get(LAST_APPLIED, "{}"))
         dropped = removals(last, obj)
+        _leave_scaled_replicas(obj, dropped)
         if not dropped and is_subset(desired, live):
             return "unchanged"
         await self.patch(obj, _merge(desired, dropped))

@@ -163,7 +163,8 @@ class RouterSpec:
 
 @dataclass(frozen=True)
 class Autoscaling:
-    """`spec.autoscaling`: an HPA on the InferenceService's /scale subresource.
+    """`spec.autoscaling`: an HPA on the InferenceService's /scale subresource; or a PD pool's
+    (`spec.prefill.autoscaling`, `spec.decode.autoscaling`): an HPA on the pool's Deployment.
 
     `metric` is a key of `radixserve.operator.autoscaling.METRICS`; `target_per_replica` is the
     average value per engine pod the HPA aims at (a fraction for kvTokenUsage).
@@ -193,9 +194,15 @@ class PDSpec:
     prefill: EngineSpec
     decode: EngineSpec
     bootstrap_port: int = 8998  # spec.prefill.bootstrapPort
+    prefill_autoscaling: Autoscaling | None = None  # spec.prefill.autoscaling
+    decode_autoscaling: Autoscaling | None = None
 
     def pool(self, role: str) -> EngineSpec:
         return self.prefill if role == PREFILL else self.decode
+
+    def scaling(self, role: str) -> Autoscaling | None:
+        """The pool's autoscaling: an HPA on its Deployment, which then owns its replicas."""
+        return self.prefill_autoscaling if role == PREFILL else self.decode_autoscaling
 
 
 @dataclass(frozen=True)

@@ -180,7 +180,10 @@ def parse_spec(spec: Mapping[str, Any] | None, name: str) -> InferenceServiceSpe
     )  # fmt: skip
     pd = _pd(r, name)
     if pd is not None and r.data.get("autoscaling") is not None:
-        raise SpecError("spec.autoscaling", "is not supported with spec.prefill / spec.decode yet")
+        raise SpecError(
+            "spec.autoscaling",
+            "scales spec.engine; with spec.prefill / spec.decode use each pool's autoscaling",
+        )
     parsed = InferenceServiceSpec(
         model=_model(r.child("model", required=True)),
         engine=_engine(r.child("engine")),
@@ -225,13 +228,25 @@ def _pd(r: _Reader, name: str) -> PDSpec | None:
     if port is None or port > 65535 or port in RESERVED_PORTS:
         raise SpecError(prefill_r.at("bootstrapPort"), f"must be a free port, got {port}")
     pools = {
-        PREFILL: _engine(prefill_r, extra=("bootstrapPort",)),
-        DECODE: _engine(r.child(DECODE)),
+        PREFILL: _engine(prefill_r, extra=("bootstrapPort", "autoscaling")),
+        DECODE: _engine(r.child(DECODE), extra=("autoscaling",)),
     }
     for role, pool in pools.items():
         _check_pd_pool(pool, r.at(role))
     _check_pair(pools[PREFILL], pools[DECODE])
-    return PDSpec(prefill=pools[PREFILL], decode=pools[DECODE], bootstrap_port=port)
+    scaling = {
+        role: _autoscaling(r.child(role).child("autoscaling"))
+        if r.child(role).data.get("autoscaling") is not None
+        else None
+        for role in ROLES
+    }
+    return PDSpec(
+        prefill=pools[PREFILL],
+        decode=pools[DECODE],
+        bootstrap_port=port,
+        prefill_autoscaling=scaling[PREFILL],
+        decode_autoscaling=scaling[DECODE],
+    )
 
 
 def _check_pd_pool(pool: EngineSpec, path: str) -> None:
