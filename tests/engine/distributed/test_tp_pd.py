@@ -1,10 +1,11 @@
-"""Prefill/decode pairs at TP > 1, real servers with the KV moved by Mooncake over TCP: a
-prefill at tp=2 (each rank holds one of the tiny Llama's 2 KV heads) serves a decode at tp=1
-(its rows hold both: every token's row is re-sliced from the prefill's two ranks) and a decode
-at tp=2 (rank to rank, whole pages). The 16-prompt batch of test_tp_generate (shared prefixes,
-32-token chunks, cache hits; the decode's pool small enough to retract) gives the single-process
-run's greedy outputs; the bytes moved equal the prompts' rows, counted on both sides; both
-sides come back to rest."""
+"""Prefill/decode pairs at different TP sizes, real servers with the KV moved by Mooncake over
+TCP, on a tiny Llama with 2 KV heads: a prefill at tp=2 (one head per rank) serves a decode at
+tp=1 (each token's row gathered from both prefill ranks), and a prefill at tp=1 serves a
+decode at tp=2 (each token's row split between the decode's ranks). The 16-prompt batch of
+test_tp_generate (shared prefixes, 32-token chunks, cache hits; the decode's pool small enough
+to retract) gives the single-process run's greedy outputs; the bytes moved equal the prompts'
+rows, counted on both sides; both sides come back to rest. (Equal TP sizes move whole pages:
+test_pd_servers, and test_wire's 2 → 2.)"""
 
 from __future__ import annotations
 
@@ -34,16 +35,18 @@ def reference(greedy_reference: Any) -> tuple[Path, list[list[int]]]:
     return folder, want
 
 
-@pytest.fixture(scope="module")
-def prefill_tp2(
-    reference: tuple[Path, list[list[int]]], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[LiveServer, int]]:
-    port = free_port()
-    args = ("--tp-size", "2", "--max-total-tokens", "4096", "--disaggregation-mode", "prefill")
-    args += ("--disaggregation-bootstrap-port", str(port))
+@pytest.fixture(scope="module", params=[2, 1], ids=["prefill_tp2", "prefill_tp1"])
+def prefill(
+    request: pytest.FixtureRequest,
+    reference: tuple[Path, list[list[int]]],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[LiveServer, int, int]]:
+    tp, port = request.param, free_port()
+    args = ("--tp-size", str(tp), "--max-total-tokens", "4096", "--disaggregation-mode")
+    args += ("prefill", "--disaggregation-bootstrap-port", str(port))
     log_dir = str(tmp_path_factory.mktemp("prefill"))
     with live_server(*COMMON, *args, model_path=str(reference[0]), log_dir=log_dir) as srv:
-        yield srv, port
+        yield srv, port, tp
 
 
 def _decode(folder: Path, tp: int, log_dir: str) -> Any:
@@ -73,24 +76,22 @@ def _wait_at_rest(*servers: LiveServer) -> None:
         time.sleep(0.5)
 
 
-@pytest.mark.parametrize("decode_tp", [1, 2])
-def test_prefill_tp2_serves_decode_tp(
+def test_prefill_and_decode_at_other_tp_sizes(
     reference: tuple[Path, list[list[int]]],
-    prefill_tp2: tuple[LiveServer, int],
-    decode_tp: int,
+    prefill: tuple[LiveServer, int, int],
     tmp_path: Path,
 ) -> None:
     folder, want = reference
-    prefill, port = prefill_tp2
-    with _decode(folder, decode_tp, str(tmp_path)) as decode:
-        pair = Pair(prefill, decode, port)
-        before_p, before_d = load(prefill), load(decode)
+    prefill_server, port, prefill_tp = prefill
+    with _decode(folder, 3 - prefill_tp, str(tmp_path)) as decode:
+        pair = Pair(prefill_server, decode, port)
+        before_p, before_d = load(prefill_server), load(decode)
         outs = _round(pair, prompts())
         assert [o["output_ids"] for o in outs] == want
         assert sum(o["meta_info"]["total_retractions"] for o in outs) > 0  # the decode's pool
         tokens = sum(o["meta_info"]["prompt_tokens"] for o in outs)
-        after_p, after_d = load(prefill), load(decode)
+        after_p, after_d = load(prefill_server), load(decode)
         key = "kv_transfer_bytes_total"
         moved = (after_p[key] - before_p[key], after_d[key] - before_d[key])
         assert moved == (tokens * BYTES_PER_TOKEN, tokens * BYTES_PER_TOKEN)
-        _wait_at_rest(prefill, decode)
+        _wait_at_rest(prefill_server, decode)
