@@ -36,22 +36,27 @@ def colocated() -> Iterator[SchedulerCore]:
 
 
 def _pair(
-    colocated: SchedulerCore, prefill: dict[str, Any], decode: dict[str, Any]
+    colocated: SchedulerCore,
+    prefill: dict[str, Any],
+    decode: dict[str, Any],
+    backend: str = "fake",
 ) -> tuple[SchedulerCore, SchedulerCore, int]:
     port = free_port()
-    p = _prefill(colocated, port, **prefill)
+    p = _prefill(colocated, port, backend, **prefill)
     d = colocated.with_args(
-        **decode, disaggregation_mode="decode", disaggregation_transfer_backend="fake"
+        **decode, disaggregation_mode="decode", disaggregation_transfer_backend=backend
     )
     return p, d, port
 
 
-def _prefill(colocated: SchedulerCore, port: int, **args: Any) -> SchedulerCore:
-    """A prefill core (fake transfer) serving bootstrap on `port`."""
+def _prefill(
+    colocated: SchedulerCore, port: int, backend: str = "fake", **args: Any
+) -> SchedulerCore:
+    """A prefill core (fake transfer unless told) serving bootstrap on `port`."""
     return colocated.with_args(
         **args,
         disaggregation_mode="prefill",
-        disaggregation_transfer_backend="fake",
+        disaggregation_transfer_backend=backend,
         disaggregation_bootstrap_port=port,
     )
 
@@ -122,9 +127,13 @@ def _colocated_outputs(
     return [r.output_ids for r in reqs]
 
 
-def test_pair_matches_colocated_and_frees_everything(colocated: SchedulerCore) -> None:
+@pytest.mark.parametrize("backend", ["fake", "nixl"])
+def test_pair_matches_colocated_and_frees_everything(
+    colocated: SchedulerCore, backend: str
+) -> None:
+    """`nixl`: two real NIXL agents (UCX), each with its metadata listener, in one process."""
     expected = _colocated_outputs(colocated, PROMPTS)
-    p, d, port = _pair(colocated, {}, {})
+    p, d, port = _pair(colocated, {}, {}, backend)
     try:
         preqs, dreqs = _reqs(p, PROMPTS, port, 100), _reqs(d, PROMPTS, port, 100)
         for r in dreqs + preqs:  # the decode first: the prefill must keep early messages

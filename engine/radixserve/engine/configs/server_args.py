@@ -222,7 +222,7 @@ class ServerArgs:
     )
     disaggregation_transfer_backend: str = option(
         "mooncake",
-        "how the KV moves: mooncake (TransferEngine, TCP without RDMA), nixl (not implemented), "
+        "how the KV moves: mooncake (TransferEngine, TCP without RDMA), nixl (NIXL agent, UCX), "
         "fake (unit tests: both sides in one process)",
         choices=TRANSFER_BACKENDS,
     )

@@ -9,9 +9,13 @@ register their KV buffers at start-up; only the prefill writes.
   tcp; `--disaggregation-ib-device` picks RDMA devices where there are some). Needs the
   `mooncake-transfer-engine` wheel (the `-non-cuda` one on CPUs) and libibverbs / librdmacm /
   libnuma.
+- `nixl`: NVIDIA's NIXL agent over its UCX backend (the `nixl-cu12` wheel, whose UCX runs
+  over TCP or shared memory on a CPU, RDMA / NVLink where present). The session id is
+  `agent@host:port`, the agent's metadata listener: a writer fetches a peer's metadata from
+  there once, then writes with `WRITE` transfers. DRAM on a CPU; VRAM of the rank's device on
+  CUDA (untested here: no GPU).
 - `fake`: unit tests only. A `memmove` inside one process: both sides must live in the same
   process (two `EngineCore`s); a write to another process's session fails.
-- `nixl`: named for SGLang's flag; not implemented here, refused at start-up.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import socket
+import time
+import uuid
 from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
@@ -79,6 +86,87 @@ class MooncakeBackend:
         self._engine = None
 
 
+class NixlBackend:
+    """One NIXL agent per rank, with its metadata listener on a free port of `host`."""
+
+    METADATA_WAIT_S = 10.0
+    WRITE_TIMEOUT_S = 120.0
+
+    def __init__(self, host: str, device: str = "cpu") -> None:
+        try:
+            from nixl_cu12._api import nixl_agent, nixl_agent_config
+        except ImportError as exc:  # pragma: no cover - the Makefile installs it
+            raise ValueError(
+                f"disaggregation_transfer_backend: nixl needs the nixl-cu12 package ({exc})"
+            ) from None
+        port = _free_port(host)
+        self._name = f"radixserve-{uuid.uuid4().hex[:16]}"
+        config = nixl_agent_config(enable_listen_thread=True, listen_port=port, backends=["UCX"])
+        self._agent: Any = nixl_agent(self._name, config)
+        cuda = device.startswith("cuda")
+        self._mem = "VRAM" if cuda else "DRAM"
+        self._dev = int(device.partition(":")[2] or 0) if cuda else 0
+        self._session = f"{self._name}@{host}:{port}"
+        self._peers: set[str] = set()
+
+    @property
+    def session_id(self) -> str:
+        return self._session
+
+    def register(self, regions: list[tuple[int, int]]) -> None:
+        descs = [(ptr, length, self._dev, "") for ptr, length in regions]
+        self._agent.register_memory(self._agent.get_reg_descs(descs, self._mem))
+
+    def _peer(self, session: str) -> str | None:
+        """The peer agent's name once its metadata is here (fetched from its listener)."""
+        name, _, address = session.partition("@")
+        if name in self._peers:
+            return name
+        host, _, port = address.rpartition(":")
+        self._agent.fetch_remote_metadata(name, host, int(port))
+        deadline = time.monotonic() + self.METADATA_WAIT_S
+        while not self._agent.check_remote_metadata(name):
+            if time.monotonic() > deadline:
+                logger.error("nixl: no metadata from %s", session)
+                return None
+            time.sleep(0.005)
+        self._peers.add(name)
+        return name
+
+    def write(self, session: str, src: list[int], dst: list[int], lengths: list[int]) -> int:
+        if not src:
+            return 0
+        peer = self._peer(session)
+        if peer is None:
+            return -1
+        agent = self._agent
+        local = agent.get_xfer_descs(
+            [(a, n, self._dev) for a, n in zip(src, lengths, strict=True)], self._mem
+        )
+        remote = agent.get_xfer_descs(
+            [(a, n, self._dev) for a, n in zip(dst, lengths, strict=True)], self._mem
+        )
+        handle = agent.initialize_xfer("WRITE", local, remote, peer)
+        try:
+            state = agent.transfer(handle)
+            deadline = time.monotonic() + self.WRITE_TIMEOUT_S
+            while state not in ("DONE", "ERR") and time.monotonic() < deadline:
+                time.sleep(0.0005)
+                state = agent.check_xfer_state(handle)
+            return 0 if state == "DONE" else -1
+        finally:
+            agent.release_xfer_handle(handle)
+
+    def close(self) -> None:
+        self._agent = None
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 class FakeBackend:
     """In-process copies, for unit tests of the queues without a transfer engine."""
 
@@ -104,11 +192,13 @@ class FakeBackend:
         return None
 
 
-def make_backend(name: str, host: str, ib_device: str | None = None) -> TransferBackend:
+def make_backend(
+    name: str, host: str, ib_device: str | None = None, device: str = "cpu"
+) -> TransferBackend:
     if name == "mooncake":
         return MooncakeBackend(host, ib_device)
+    if name == "nixl":
+        return NixlBackend(host, device)
     if name == "fake":
         return FakeBackend()
-    raise ValueError(
-        f"disaggregation_transfer_backend: {name} is not implemented in radixserve; use mooncake"
-    )
+    raise ValueError(f"disaggregation_transfer_backend: {name} is not one of {BACKENDS}")

@@ -69,7 +69,7 @@ def make_disagg(
     config = DisaggConfig.from_env()
     host = advertised_host(args.host)
     backend = make_backend(
-        args.disaggregation_transfer_backend, host, args.disaggregation_ib_device
+        args.disaggregation_transfer_backend, host, args.disaggregation_ib_device, args.device
     )
     layout = kv_layout(runner, args.page_size)
     sync = RoundSync(runner.groups.attn_cpu, layout.rank_kv(backend.session_id))
