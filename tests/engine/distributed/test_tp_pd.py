@@ -4,8 +4,8 @@ tp=1 (each token's row gathered from both prefill ranks), and a prefill at tp=1 
 decode at tp=2 (each token's row split between the decode's ranks). The 16-prompt batch of
 test_tp_generate (shared prefixes, 32-token chunks, cache hits; the decode's pool small enough
 to retract) gives the single-process run's greedy outputs; the bytes moved equal the prompts'
-rows, counted on both sides; both sides come back to rest. (Equal TP sizes move whole pages:
-test_pd_servers, and test_wire's 2 → 2.)"""
+rows, counted on both sides; both sides come back to rest. The same batch through prefill tp=1
+and decode tp=1 (whole pages). Equal TP sizes above 1: test_wire's 2 → 2."""
 
 from __future__ import annotations
 
@@ -35,13 +35,13 @@ def reference(greedy_reference: Any) -> tuple[Path, list[list[int]]]:
     return folder, want
 
 
-@pytest.fixture(scope="module", params=[2, 1], ids=["prefill_tp2", "prefill_tp1"])
+@pytest.fixture(scope="module")
 def prefill(
     request: pytest.FixtureRequest,
     reference: tuple[Path, list[list[int]]],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[LiveServer, int, int]]:
-    tp, port = request.param, free_port()
+    tp, port = request.param, free_port()  # the test's prefill_tp (indirect)
     args = ("--tp-size", str(tp), "--max-total-tokens", "4096", "--disaggregation-mode")
     args += ("prefill", "--disaggregation-bootstrap-port", str(port))
     log_dir = str(tmp_path_factory.mktemp("prefill"))
@@ -76,14 +76,17 @@ def _wait_at_rest(*servers: LiveServer) -> None:
         time.sleep(0.5)
 
 
-def test_prefill_and_decode_at_other_tp_sizes(
+# (2, 1) and (1, 2) re-slice the heads; (1, 1) is the issue's prefill 1 + decode 1 on this batch
+@pytest.mark.parametrize(("prefill", "decode_tp"), [(2, 1), (1, 2), (1, 1)], indirect=["prefill"])
+def test_prefill_and_decode_at_tp_sizes(
     reference: tuple[Path, list[list[int]]],
     prefill: tuple[LiveServer, int, int],
+    decode_tp: int,
     tmp_path: Path,
 ) -> None:
     folder, want = reference
-    prefill_server, port, prefill_tp = prefill
-    with _decode(folder, 3 - prefill_tp, str(tmp_path)) as decode:
+    prefill_server, port, _ = prefill
+    with _decode(folder, decode_tp, str(tmp_path)) as decode:
         pair = Pair(prefill_server, decode, port)
         before_p, before_d = load(prefill_server), load(decode)
         outs = _round(pair, prompts())
