@@ -78,16 +78,24 @@ def test_our_router_in_pd_mode(colocated: LiveServer, pair: Pair) -> None:
     _settle(pair)
 
 
-def _native_logprobs(url: str, stream: bool) -> dict[str, Any]:
-    """A native /generate that asks for the prompt's logprobs: its (last) meta_info."""
-    body = {
-        "text": "The capital of France is Paris, and the capital of Spain is",
-        "sampling_params": {"max_new_tokens": 3, "temperature": 0},
+LOGPROB_PROMPT = "The capital of France is Paris, and the capital of Spain is"
+
+
+def _logprob_body(start: int, top: int, max_new: int, stream: bool = False) -> dict[str, Any]:
+    """A native /generate that asks for the prompt's logprobs from token `start`."""
+    return {
+        "text": LOGPROB_PROMPT,
+        "sampling_params": {"max_new_tokens": max_new, "temperature": 0},
         "return_logprob": True,
-        "logprob_start_len": 0,
-        "top_logprobs_num": 2,
+        "logprob_start_len": start,
+        "top_logprobs_num": top,
         "stream": stream,
     }
+
+
+def _native_logprobs(url: str, stream: bool) -> dict[str, Any]:
+    """Its (last) meta_info."""
+    body = _logprob_body(0, 2, 3, stream)
     r = httpx.post(url + "/generate", json=body, timeout=300)
     assert r.status_code == 200, r.text
     if not stream:
@@ -126,12 +134,11 @@ def test_openai_echo_logprobs_through_the_pair(colocated: LiveServer, pair: Pair
     mode: the prefill sends the prompt's log-probabilities with the KV, so the decode's own
     answer carries them, as a co-located server's."""
     args = ("--pd-disaggregation", "--prefill", pair.prefill.base_url, str(pair.bootstrap_port))
-    prompt = "The capital of France is Paris, and the capital of Spain is"
 
     def ask(url: str) -> Any:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
         out = client.completions.create(
-            model=client.models.list().data[0].id, prompt=prompt, max_tokens=3,
+            model=client.models.list().data[0].id, prompt=LOGPROB_PROMPT, max_tokens=3,
             temperature=0, echo=True, logprobs=2,
         )  # fmt: skip
         return out.choices[0]
@@ -151,14 +158,7 @@ def test_openai_echo_logprobs_through_the_pair(colocated: LiveServer, pair: Pair
 
 def test_the_decode_answers_the_prompts_logprobs_itself(pair: Pair) -> None:
     """Without a router to merge them: the decode's answer has the prefill's values."""
-    body = {
-        "text": "The capital of France is Paris, and the capital of Spain is",
-        "sampling_params": {"max_new_tokens": 2, "temperature": 0},
-        "return_logprob": True,
-        "logprob_start_len": 3,
-        "top_logprobs_num": 1,
-    }
-    p, d = send_both(pair, "/generate", body)
+    p, d = send_both(pair, "/generate", _logprob_body(3, 1, 2))
     assert (p.status_code, d.status_code) == (200, 200), (p.text, d.text)
     prefill, decode = p.json()["meta_info"], d.json()["meta_info"]
     assert decode["input_token_logprobs"] == prefill["input_token_logprobs"]
