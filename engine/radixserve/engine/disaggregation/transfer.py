@@ -92,7 +92,13 @@ class NixlBackend:
     METADATA_WAIT_S = 10.0
     WRITE_TIMEOUT_S = 120.0
 
-    def __init__(self, host: str, device: str = "cpu") -> None:
+    def __init__(self, host: str, device: str = "cpu", ib_device: str | None = None) -> None:
+        if not ib_device:
+            # UCX's InfiniBand module, loaded where libibverbs is installed but no RDMA device
+            # is (Mooncake's CPU setup), crashes the process at exit (nixl-cu12 1.5.1, seen
+            # here): without --disaggregation-ib-device it is not loaded. UCX reads this when
+            # the agent starts; a UCX_MODULES of the user's wins.
+            os.environ.setdefault("UCX_MODULES", "^ib")
         try:
             from nixl_cu12._api import nixl_agent, nixl_agent_config
         except ImportError as exc:  # pragma: no cover - the Makefile installs it
@@ -108,6 +114,7 @@ class NixlBackend:
         self._dev = int(device.partition(":")[2] or 0) if cuda else 0
         self._session = f"{self._name}@{host}:{port}"
         self._peers: set[str] = set()
+        self._registered: list[Any] = []
 
     @property
     def session_id(self) -> str:
@@ -115,7 +122,9 @@ class NixlBackend:
 
     def register(self, regions: list[tuple[int, int]]) -> None:
         descs = [(ptr, length, self._dev, "") for ptr, length in regions]
-        self._agent.register_memory(self._agent.get_reg_descs(descs, self._mem))
+        self._registered.append(
+            self._agent.register_memory(self._agent.get_reg_descs(descs, self._mem))
+        )
 
     def _peer(self, session: str) -> str | None:
         """The peer agent's name once its metadata is here (fetched from its listener)."""
@@ -158,7 +167,18 @@ class NixlBackend:
             agent.release_xfer_handle(handle)
 
     def close(self) -> None:
-        self._agent = None
+        """Disconnect and deregister before the agent goes (and before the KV buffers do):
+        an agent torn down later, at interpreter exit, crashes the process."""
+        agent, self._agent = self._agent, None
+        if agent is None:
+            return
+        for peer in self._peers:
+            agent.remove_remote_agent(peer)
+        for descs in self._registered:
+            agent.deregister_memory(descs)
+        self._peers.clear()
+        self._registered.clear()
+        del agent
 
 
 def _free_port(host: str) -> int:
@@ -198,7 +218,7 @@ def make_backend(
     if name == "mooncake":
         return MooncakeBackend(host, ib_device)
     if name == "nixl":
-        return NixlBackend(host, device)
+        return NixlBackend(host, device, ib_device)
     if name == "fake":
         return FakeBackend()
     raise ValueError(f"disaggregation_transfer_backend: {name} is not one of {BACKENDS}")
