@@ -35,18 +35,28 @@ def reference(greedy_reference: Any) -> tuple[Path, list[list[int]]]:
     return folder, want
 
 
-@pytest.fixture(scope="module")
-def prefill(
-    request: pytest.FixtureRequest,
-    reference: tuple[Path, list[list[int]]],
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[LiveServer, int, int]]:
-    tp, port = request.param, free_port()  # the test's prefill_tp (indirect)
+def _prefill(folder: Path, tp: int, log_dir: str) -> Iterator[tuple[LiveServer, int]]:
+    port = free_port()
     args = ("--tp-size", str(tp), "--max-total-tokens", "4096", "--disaggregation-mode")
     args += ("prefill", "--disaggregation-bootstrap-port", str(port))
-    log_dir = str(tmp_path_factory.mktemp("prefill"))
-    with live_server(*COMMON, *args, model_path=str(reference[0]), log_dir=log_dir) as srv:
-        yield srv, port, tp
+    with live_server(*COMMON, *args, model_path=str(folder), log_dir=log_dir) as srv:
+        yield srv, port
+
+
+# One fixture per TP size (not one parametrized indirectly: pytest keys an indirect module
+# fixture by the parameter's index, so two tests at prefill tp 1 would start it twice).
+@pytest.fixture(scope="module")
+def prefill_tp1(
+    reference: tuple[Path, list[list[int]]], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[LiveServer, int]]:
+    yield from _prefill(reference[0], 1, str(tmp_path_factory.mktemp("prefill1")))
+
+
+@pytest.fixture(scope="module")
+def prefill_tp2(
+    reference: tuple[Path, list[list[int]]], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[LiveServer, int]]:
+    yield from _prefill(reference[0], 2, str(tmp_path_factory.mktemp("prefill2")))
 
 
 def _decode(folder: Path, tp: int, log_dir: str) -> Any:
@@ -77,15 +87,16 @@ def _wait_at_rest(*servers: LiveServer) -> None:
 
 
 # (2, 1) and (1, 2) re-slice the heads; (1, 1) is the prefill 1 + decode 1 on this batch
-@pytest.mark.parametrize(("prefill", "decode_tp"), [(2, 1), (1, 2), (1, 1)], indirect=["prefill"])
+@pytest.mark.parametrize(("prefill_tp", "decode_tp"), [(2, 1), (1, 2), (1, 1)])
 def test_prefill_and_decode_at_tp_sizes(
     reference: tuple[Path, list[list[int]]],
-    prefill: tuple[LiveServer, int, int],
+    prefill_tp: int,
     decode_tp: int,
+    request: pytest.FixtureRequest,
     tmp_path: Path,
 ) -> None:
     folder, want = reference
-    prefill_server, port, _ = prefill
+    prefill_server, port = request.getfixturevalue(f"prefill_tp{prefill_tp}")
     with _decode(folder, decode_tp, str(tmp_path)) as decode:
         pair = Pair(prefill_server, decode, port)
         before_p, before_d = load(prefill_server), load(decode)
