@@ -125,7 +125,7 @@ def wait_engines(engines: list[Engine]) -> None:
         if pending and time.monotonic() > deadline:
             raise RuntimeError(f"engine {pending[0].url} not healthy:\n{pending[0].log_tail()}")
         if pending:
-            time.sleep(0.5)
+            time.sleep(0.2)
 
 
 def _may_restart(engine: Engine, starts: int) -> bool:

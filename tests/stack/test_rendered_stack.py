@@ -162,7 +162,7 @@ def wait_for(url: str, proc: Proc, timeout: float = STARTUP_TIMEOUT_S) -> None:
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(1)
+        time.sleep(0.2)
     raise AssertionError(f"{url} not 200 after {timeout}s:\n{proc.tail()}")
 
 

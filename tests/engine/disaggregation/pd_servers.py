@@ -6,13 +6,13 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from tests.engine.server.live_server import LiveServer, live_server
+from tests.engine.server.live_server import LiveServer, live_server, started_together
 from tests.ports import free_port
 
 COMMON = ("--dtype", "float32", "--max-total-tokens", "8192", "--chunked-prefill-size", "64")
@@ -34,16 +34,12 @@ def pd_pair(
     env: dict[str, str] | None = None,
 ) -> Iterator[Pair]:
     port = free_port()
-    with ExitStack() as stack:
-        p = stack.enter_context(
-            live_server(
-                *COMMON, "--disaggregation-mode", "prefill",
-                "--disaggregation-bootstrap-port", str(port), *prefill_args, env=env,
-            )
-        )  # fmt: skip
-        d = stack.enter_context(
-            live_server(*COMMON, "--disaggregation-mode", "decode", *decode_args, env=env)
-        )
+    prefill = ("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(port))
+    decode = ("--disaggregation-mode", "decode")
+    with started_together(
+        lambda: live_server(*COMMON, *prefill, *prefill_args, env=env),
+        lambda: live_server(*COMMON, *decode, *decode_args, env=env),
+    ) as (p, d):
         yield Pair(p, d, port)
 
 
