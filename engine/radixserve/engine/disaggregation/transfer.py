@@ -77,10 +77,20 @@ class MooncakeBackend:
         if rc != 0:
             raise RuntimeError(f"Mooncake batch_register_memory = {rc}")
 
+    # Entries per batch_transfer_sync_write. mooncake-transfer-engine 0.3.13.post1 refuses a
+    # batch of more than 2,048 (rc -1), and every later batch of that engine failed too (seen
+    # here). A transfer has that many where its pages are scattered (runs × layers × K/V) or
+    # where rows are re-sliced (tokens × layers × K/V), so it goes in slices of this many.
+    MAX_BATCH = 1024
+
     def write(self, session: str, src: list[int], dst: list[int], lengths: list[int]) -> int:
-        if not src:
-            return 0
-        return int(self._engine.batch_transfer_sync_write(session, src, dst, lengths))
+        step = self.MAX_BATCH
+        for i in range(0, len(src), step):
+            batch = (src[i : i + step], dst[i : i + step], lengths[i : i + step])
+            rc = int(self._engine.batch_transfer_sync_write(session, *batch))
+            if rc != 0:
+                return rc
+        return 0
 
     def close(self) -> None:
         self._engine = None
