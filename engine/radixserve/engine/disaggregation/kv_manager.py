@@ -48,11 +48,6 @@ class KVLayout:
         return self.item_len * self.page_size
 
     @property
-    def bytes_per_page(self) -> int:
-        """One page across every layer, K and V: what a transferred page costs."""
-        return 2 * len(self.k_ptrs) * self.page_bytes
-
-    @property
     def head_bytes(self) -> int:
         return self.item_len // self.heads.count
 
