@@ -14,6 +14,8 @@
 #   c32-rand-64-256   32 in flight, random 64 -> 256 (64 requests)
 #   c16-gsp-512-128   16 in flight, 4 shared 512-token system prompts + 64 own tokens -> 128
 #   c32-gsp-1024-32   32 in flight, 2 shared 1,024-token system prompts + 32 own tokens -> 32
+#   vllmclient-c16-rand-256-128  c16-rand-256-128 again, through vLLM's own client
+#                     (scripts/peers/vllm_bench_client.sh; CLOSED_VLLM_CLIENT=0 leaves it out)
 # FAMILY=structured measures the cost of constrained decoding: the same random prompts without
 # and with a JSON schema (scripts/bench/order_schema.json as `response_format` on
 # /v1/completions; answers end where the schema does, each validated with jsonschema):
@@ -70,8 +72,8 @@ wait_ready() {  # URL: until GET /v1/models answers; fails if the server exits o
     return 1
 }
 
-closed_family() {  # URL FILE_PREFIX
-    local url=$1 prefix=$2
+closed_family() {  # URL FILE_PREFIX MODEL
+    local url=$1 prefix=$2 model=$3
     local bench=(radixserve bench serving --backend openai --base-url "$url")
     local rand=(--dataset-name random --random-range-ratio 1)
     local gsp=(--dataset-name generated-shared-prefix)
@@ -87,6 +89,11 @@ closed_family() {  # URL FILE_PREFIX
     "${bench[@]}" "${gsp[@]}" --max-concurrency 32 --gsp-num-groups 2 --gsp-prompts-per-group 48 \
         --gsp-system-prompt-len 1024 --gsp-question-len 32 --gsp-output-len 32 \
         --output-file "$prefix-c32-gsp-1024-32.json"
+    [[ ${CLOSED_VLLM_CLIENT:-1} == 0 ]] && return
+    # its prompts are its own random draw: no prefix shared with the runs above
+    "$here/peers/vllm_bench_client.sh" "$url" "$model" "$prefix-vllmclient-c16-rand-256-128.json" \
+        --dataset-name random --random-input-len 256 --random-output-len 128 --num-prompts 48 \
+        --max-concurrency 16 --seed 26 >/dev/null
 }
 
 structured_family() {  # URL FILE_PREFIX
@@ -128,7 +135,7 @@ long_family() {  # URL FILE_PREFIX MODEL
 workloads() {  # URL FILE_PREFIX MODEL
     local url=$1 prefix=$2
     if [[ $family == long ]]; then long_family "$url" "$prefix" "$3"; return; fi
-    if [[ $family == closed ]]; then closed_family "$url" "$prefix"; return; fi
+    if [[ $family == closed ]]; then closed_family "$url" "$prefix" "$3"; return; fi
     if [[ $family == structured ]]; then structured_family "$url" "$prefix"; return; fi
     local b=(--dataset-name generated-shared-prefix --gsp-num-groups 1 --gsp-prompts-per-group 32
         --gsp-system-prompt-len 512 --gsp-question-len 32 --gsp-output-len 64 --max-concurrency 32)
