@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from radixserve.engine.configs.cpu_features import parse_cpu_list
+from radixserve.engine.configs.cpu_features import cgroup_cpu_limit, parse_cpu_list, usable_cpus
 from radixserve.engine.configs.server_args import ServerArgs
-from radixserve.engine.scheduler.cpu_binding import cgroup_cpu_limit, cpus_for_process
+from radixserve.engine.scheduler.cpu_binding import cpus_for_process
 from tests.child_env import child_env
 
 
@@ -43,13 +43,38 @@ def test_auto_gives_each_process_its_own_share() -> None:
     assert cpus_for_process("0-1", 1, 2, mask, None)[0] is None  # no group for process 1
 
 
-def test_cgroup_quota_is_read_from_cpu_max(tmp_path: Path) -> None:
-    f = tmp_path / "cpu.max"
+def test_cgroup_quota_is_read_from_cpu_max_or_the_v1_files(tmp_path: Path) -> None:
+    f, v1 = tmp_path / "cpu.max", tmp_path / "v1"
+    v1.mkdir()
     f.write_text("max 100000\n")
-    assert cgroup_cpu_limit(f) is None
+    assert cgroup_cpu_limit(f, v1) is None
     f.write_text("250000 100000\n")
-    assert cgroup_cpu_limit(f) == 2.5
-    assert cgroup_cpu_limit(tmp_path / "missing") is None
+    assert cgroup_cpu_limit(f, v1) == 2.5
+    assert cgroup_cpu_limit(tmp_path / "missing", v1) is None  # no v2 file, no v1 files
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cgroup_cpu_limit(tmp_path / "missing", v1) is None
+    (v1 / "cpu.cfs_quota_us").write_text("400000\n")
+    assert cgroup_cpu_limit(tmp_path / "missing", v1) == 4.0
+
+
+def test_a_quota_cuts_the_threads_to_its_whole_cpus() -> None:
+    assert usable_cpus(64, None) == 64
+    assert usable_cpus(64, 4.0) == 4
+    assert usable_cpus(64, 2.5) == 2  # a thread on half a CPU stalls every parallel region
+    assert usable_cpus(2, 8.0) == 2  # the mask still bounds it
+    assert usable_cpus(8, 0.5) == 1
+
+
+def test_each_rank_takes_its_share_of_the_quota(monkeypatch: pytest.MonkeyPatch) -> None:
+    import radixserve.engine.configs.server_args as server_args
+
+    monkeypatch.setattr(server_args.os, "sched_getaffinity", lambda _pid: set(range(64)))
+    monkeypatch.setattr(server_args, "cgroup_cpu_limit", lambda: 8.0)
+    assert ServerArgs().cpu_threads_per_rank == 8
+    assert ServerArgs(tp_size=2).cpu_threads_per_rank == 4
+    monkeypatch.setattr(server_args, "cgroup_cpu_limit", lambda: None)
+    assert ServerArgs(tp_size=2).cpu_threads_per_rank == 32
 
 
 PROBE = """

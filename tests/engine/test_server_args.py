@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
+import radixserve.engine.configs.server_args as server_args
 from radixserve.engine.configs.cli_args import add_server_args, server_args_from_namespace
+from radixserve.engine.configs.cpu_features import cgroup_cpu_limit, usable_cpus
 from radixserve.engine.configs.server_args import (
     A2A_BACKENDS,
     DTYPES,
@@ -139,8 +141,9 @@ def test_defaults_are_valid() -> None:
     assert args.page_size == 1
     assert args.max_prefill_tokens == 16384
     assert args.schedule_policy == "lpm"
-    # CPU default: 128 tokens per core of the rank, within [256, 2048]
-    assert args.chunk_size == max(256, min(2048, 128 * len(os.sched_getaffinity(0))))
+    # CPU default: 128 tokens per usable core of the rank, within [256, 2048]
+    cores = usable_cpus(len(os.sched_getaffinity(0)), cgroup_cpu_limit())
+    assert args.chunk_size == max(256, min(2048, 128 * cores))
     assert not args.overlap_schedule  # off on CPU
     assert args.resolved_attention_backend == "grouped"
 
@@ -237,6 +240,7 @@ def test_cpu_chunk_default_follows_the_cores_of_a_rank(
     monkeypatch: pytest.MonkeyPatch, cores: int, tp: int, expected: int
 ) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cores)))
+    monkeypatch.setattr(server_args, "cgroup_cpu_limit", lambda: None)  # whatever the host's
     args = ServerArgs(tp_size=tp)
     assert args.cpu_threads_per_rank == cores // tp
     assert args.chunk_size == expected

@@ -1,9 +1,15 @@
-"""What the host CPU can do, read from /proc/cpuinfo (Linux), used to pick CPU defaults; and the
-CPU lists of `--cpu-bind`."""
+"""What the host CPU can do, read from /proc/cpuinfo (Linux), used to pick CPU defaults; how
+many CPUs this process may use (its affinity mask and its cgroup's quota); and the CPU lists of
+`--cpu-bind`."""
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "<quota> <period>" or "max …"
+CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")  # cgroup v1: cpu.cfs_quota_us (-1: none), _period_us
 
 
 def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
@@ -40,3 +46,28 @@ def check_cpu_bind(spec: str) -> None:
     if spec not in ("auto", "none"):
         for group in spec.split("|"):
             parse_cpu_list(group)
+
+
+def cgroup_cpu_limit(path: Path = CGROUP_CPU_MAX, v1: Path = CGROUP_V1_CPU) -> float | None:
+    """CPUs the cgroup quota allows (quota / period), None without a quota: cgroup v2's
+    cpu.max, else v1's cfs files (nodes still on cgroup v1)."""
+    try:
+        quota, period = path.read_text().split()[:2]
+    except (OSError, ValueError):
+        try:
+            quota = (v1 / "cpu.cfs_quota_us").read_text().strip()
+            period = (v1 / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    if quota in ("max", "-1") or not (quota.isdigit() and period.isdigit()) or int(period) == 0:
+        return None
+    return int(quota) / int(period)
+
+
+def usable_cpus(mask_size: int, limit: float | None) -> int:
+    """CPUs worth a compute thread: the affinity mask, cut to the whole CPUs of a cgroup quota.
+    A container limited to 4 CPUs on a 64-CPU node sees all 64 in its mask; 64 OpenMP threads
+    there would be throttled in turn, and each parallel region waits for its slowest thread."""
+    if limit is None:
+        return max(1, mask_size)
+    return max(1, min(mask_size, math.floor(limit)))

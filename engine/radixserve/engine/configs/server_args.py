@@ -13,7 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from radixserve.config_options import check_choices, option
-from radixserve.engine.configs.cpu_features import check_cpu_bind, cpu_has_bf16
+from radixserve.engine.configs.cpu_features import (
+    cgroup_cpu_limit,
+    check_cpu_bind,
+    cpu_has_bf16,
+    usable_cpus,
+)
 from radixserve.engine.configs.model_checks import check_flag as _check
 from radixserve.engine.configs.speculative_args import (
     NGRAM_DRAFT_TOKENS,
@@ -651,8 +656,10 @@ class ServerArgs:
 
     @property
     def cpu_threads_per_rank(self) -> int:
-        """Torch threads of each scheduler process on a CPU: its share of the usable cores."""
-        return max(1, len(os.sched_getaffinity(0)) // self.num_ranks)
+        """Torch threads of each scheduler process on a CPU: its share of the usable cores (the
+        affinity mask, cut to a cgroup CPU quota)."""
+        usable = usable_cpus(len(os.sched_getaffinity(0)), cgroup_cpu_limit())
+        return max(1, usable // self.num_ranks)
 
     @property
     def num_ranks(self) -> int:

@@ -19,22 +19,10 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
-from radixserve.engine.configs.cpu_features import parse_cpu_list
+from radixserve.engine.configs.cpu_features import cgroup_cpu_limit, parse_cpu_list
 
 logger = logging.getLogger(__name__)
-
-CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "<quota> <period>" or "max …"
-
-
-def cgroup_cpu_limit(path: Path = CGROUP_CPU_MAX) -> float | None:
-    """CPUs the cgroup quota allows (quota / period), None without a quota."""
-    try:
-        quota, period = path.read_text().split()[:2]
-    except (OSError, ValueError):
-        return None
-    return None if quota == "max" else int(quota) / int(period)
 
 
 def cpus_for_process(

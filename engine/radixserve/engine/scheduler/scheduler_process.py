@@ -247,11 +247,14 @@ def _channels(
 
 def _set_cpu_threads(args: ServerArgs, rank: RankSpec, dp_rank: int) -> None:
     """Ranks on one CPU share its cores: each takes its share of threads (without a cap each
-    would start one per core), pinned to its own cores per --cpu-bind."""
+    would start one per core), pinned to its own cores per --cpu-bind. A lone rank keeps
+    torch's default (one per physical core, or OMP_NUM_THREADS) unless a cgroup quota allows
+    fewer CPUs."""
     if args.device != "cpu":
         return
-    if args.num_ranks > 1:
-        torch.set_num_threads(args.cpu_threads_per_rank)
+    threads = args.cpu_threads_per_rank
+    if args.num_ranks > 1 or threads < torch.get_num_threads():
+        torch.set_num_threads(threads)
     index = rank.tp_rank if args.enable_dp_attention else dp_rank * args.tp_size + rank.tp_rank
     # With the overlap loop the forward runs on a worker thread, which would inherit the
     # main thread's single pinned CPU (and so would its OpenMP team): no binding there.
