@@ -16,6 +16,8 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -36,6 +38,29 @@ from radixserve.engine.model_loader import load_model_files, resolve_model
 logger = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 600.0
+# libgomp's threads spin at a barrier GOMP_SPINCOUNT times before they sleep: 300,000 (about
+# 3 ms) unless OMP_WAIT_POLICY says otherwise. When another process takes one of their cores,
+# a thread spinning for the partner that lost its core burns the core that partner needs, and
+# a step takes many times longer (docs/benchmarks.md, "Cores shared with another process").
+# A spin 30 times shorter loses nothing measurable on idle cores.
+CPU_CHILD_ENV = {"GOMP_SPINCOUNT": "10000"}
+OMP_WAIT_VARS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")  # the user's choice wins
+
+
+@contextmanager
+def _child_environment(args: ServerArgs) -> Iterator[None]:
+    """Our defaults for the spawned children's environment, where the user set none of the
+    wait variables; the parent's own environment is restored once they started (a spawned
+    child copies os.environ when it starts)."""
+    extra: dict[str, str] = {}
+    if args.device == "cpu" and not any(v in os.environ for v in OMP_WAIT_VARS):
+        extra = CPU_CHILD_ENV
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for name in extra:
+            os.environ.pop(name, None)
 
 
 def _scheduler_main(
@@ -176,8 +201,9 @@ def launch_subprocesses(args: ServerArgs) -> ChildProcesses:
         daemon=True,
     )
     children = ChildProcesses(ports, {}, [*procs, detok])
-    for p in children.procs:
-        p.start()
+    with _child_environment(args):
+        for p in children.procs:
+            p.start()
     infos = [_wait_ready(children, reader) for reader in readers]
     children.rank_infos = infos[:: args.attn_tp_size]
     children.scheduler_info = infos[0]
