@@ -44,7 +44,6 @@ NOT_YET = {
     "kernels/test_compile.py": "its env drops TRITON_INTERPRET by hand",
     "operator/test_operator_cli.py": "the operator (torch-free) from a filtered os.environ",
     "operator/test_kube_credentials.py": "openssl, inheriting",
-    "bench/test_bench_cpu_gemm.py": "`radixserve bench cpu-gemm`, inheriting",
 }
 
 
