@@ -1,12 +1,12 @@
 """The prefill's bootstrap server (SGLang's routes) and the decode's client of it.
 
 The server runs on a thread of the prefill's first scheduler rank, on
-`--disaggregation-bootstrap-port`. That rank registers its control endpoint and the topology
-(in process, or `PUT /route`); it speaks for its TP peers. A decode fetches them (`GET /route`:
-503 until registered) before it sends anything, and polls `GET /health` while it waits on that
-prefill. Both answers carry the server's session id, new at every start: a prefill that
-restarted at the same address (a container restarted in its pod) has new control endpoints,
-and the decode must look them up again.
+`--disaggregation-bootstrap-port`. That rank registers the control endpoints and the topology
+in process; it speaks for its TP peers (their KV buffers reach it over the side's CPU group).
+A decode fetches them (`GET /route`: 503 until registered) before it sends anything, and polls
+`GET /health` while it waits on that prefill. Both answers carry the server's session id, new
+at every start: a prefill that restarted at the same address (a container restarted in its
+pod) has new control endpoints, and the decode must look them up again.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from radixserve.engine.disaggregation.wire import PrefillInfo, RankInfo, Topolog
 
 
 class Registration(msgspec.Struct, frozen=True):
-    """PUT /route: one prefill rank."""
+    """The hosting rank's registration: its rank and the prefill's topology."""
 
     rank: RankInfo
     topology: Topology
@@ -71,18 +71,6 @@ def _handler(table: _Table) -> type[BaseHTTPRequestHandler]:
             else:
                 self._reply(404)
 
-        def do_PUT(self) -> None:  # noqa: N802
-            if self.path.split("?", 1)[0] != "/route":
-                self._reply(404)
-                return
-            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            try:
-                table.register(msgspec.json.decode(body, type=Registration))
-            except msgspec.ValidationError as exc:
-                self._reply(400, msgspec.json.encode({"error": str(exc)}))
-                return
-            self._reply(200, b"{}")
-
         def log_message(self, format: str, *args: Any) -> None:
             return None  # one line per poll would drown the log
 
@@ -108,12 +96,6 @@ class BootstrapServer:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
-
-
-def register_rank(address: str, reg: Registration, timeout_s: float = 5.0) -> None:
-    """PUT /route on the prefill at `address` (host:port); raises on failure."""
-    r = httpx.put(f"http://{address}/route", content=msgspec.json.encode(reg), timeout=timeout_s)
-    r.raise_for_status()
 
 
 def fetch_prefill_info(address: str, timeout_s: float = 5.0) -> PrefillInfo:
