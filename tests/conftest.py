@@ -92,15 +92,19 @@ def hf_smollm(smollm_source: Any) -> Any:
 
 
 @pytest.fixture(scope="session")
-def hf_bf16(smollm_source: Any) -> Any:
+def hf_bf16(hf_smollm: Any) -> Any:
     """transformers' Llama on the same GGUF in bfloat16: the oracle of the bf16 tests
-    (test_bf16_vs_transformers.py, test_same_answers.py), loaded once (~12 s)."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    (test_bf16_vs_transformers.py, test_same_answers.py). The float32 oracle's parameters cast
+    to bfloat16: the model transformers loads with `dtype=torch.bfloat16`, bit for bit (its
+    rotary `inv_freq` buffer stays float32 there too), without a second GGUF dequantization
+    (~12 s)."""
+    import copy
 
-    model = AutoModelForCausalLM.from_pretrained(
-        str(smollm_source.directory), gguf_file=smollm_source.path.name, dtype=torch.bfloat16
-    )
+    import torch
+
+    model = copy.deepcopy(hf_smollm)
+    for param in model.parameters():
+        param.data = param.data.to(torch.bfloat16)
     return model.eval()
 
 

@@ -198,27 +198,6 @@ def test_decode_with_a_radix_cache_is_sent_only_the_pages_it_lacks(
         d.close()
 
 
-def test_retractions_on_the_decode_keep_the_outputs(colocated: SchedulerCore) -> None:
-    """8 prompts into a decode pool too small for all of them: requests are retracted on the
-    decode (and recomputed there from their tokens), the outputs stay the co-located ones."""
-    params = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
-    prompts = PROMPTS
-    expected = _colocated_outputs(colocated, prompts, params)
-    p, d, port = _pair(colocated, {}, {"max_total_tokens": 320, "chunked_prefill_size": 64})
-    try:
-        preqs, dreqs = _reqs(p, prompts, port, 700, params), _reqs(d, prompts, port, 700, params)
-        for r in dreqs + preqs:
-            (d if r in dreqs else p).scheduler.add_request(r)
-        _run([p, d], preqs + dreqs, 600)
-        assert sum(r.retraction_count for r in dreqs) >= 1
-        assert [r.output_ids for r in dreqs] == expected
-        for core in (p, d):
-            core.scheduler.check_memory_invariant()
-    finally:
-        p.close()
-        d.close()
-
-
 def test_hicache_on_both_sides_keeps_the_outputs(colocated: SchedulerCore, tmp_path: Any) -> None:
     """HiCache under PD. The prefill's pool is too small for six tenants' system prompts: they
     are demoted to its host tier and its storage folder, and loaded back for the tenants'
