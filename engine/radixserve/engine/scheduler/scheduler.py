@@ -76,6 +76,8 @@ class Scheduler:
         context_len = runner.model_config.context_len
         self.max_req_len = min(context_len - 1, self.max_total_tokens - 1)
         self.max_req_input_len = self.max_req_len - 5
+        # resolved once: on a CPU the default reads the affinity mask and the cgroup quota
+        self.chunk_size = args.chunk_size
         self.waiting_queue: list[Req] = []
         self.running_batch = ScheduleBatch([], self.kv)
         self.last_batch: ScheduleBatch | None = None
@@ -203,11 +205,11 @@ class Scheduler:
             return None
         self._prefetch_waiting()
         running = self.running_batch.reqs
-        mixed = bool(self.args.enable_mixed_chunk and self.args.chunk_size and running)
+        mixed = bool(self.args.enable_mixed_chunk and self.chunk_size and running)
         budget = PrefillBudget(
             self.args.page_size,
             self.args.max_prefill_tokens,
-            self.args.chunk_size,
+            self.chunk_size,
             self.ratio.value,
             len(running) if mixed else 0,
         )
