@@ -14,7 +14,7 @@ pytest.importorskip("mooncake.engine")
 def test_a_write_of_many_entries_arrives_whole_and_the_engine_keeps_working() -> None:
     a, b = MooncakeBackend("127.0.0.1"), MooncakeBackend("127.0.0.1")
     try:
-        n, size = 5000, 64  # 2,048 entries in one batch made it fail (and every later one)
+        n, size = 5000, 64  # over 2,048 entries in one batch made it fail (and every later one)
         src = torch.randn(n * size // 4)
         dst = torch.zeros_like(src)
         a.register([(src.data_ptr(), src.numel() * 4)])
