@@ -4,6 +4,7 @@ thread, /proc/self/task/*/status)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -11,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from radixserve.engine.configs.cpu_features import cgroup_cpu_limit, parse_cpu_list, usable_cpus
+from radixserve.engine.configs.cpu_features import (
+    cgroup_cpu_limit,
+    omp_num_threads,
+    parse_cpu_list,
+    usable_cpus,
+)
 from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.scheduler.cpu_binding import cpus_for_process
 from tests.child_env import child_env
@@ -40,6 +46,7 @@ def test_auto_gives_each_process_its_own_share() -> None:
     assert cpus_for_process("none", 0, 1, mask, None)[0] is None
     assert cpus_for_process("auto", 0, 4, [0, 1], None)[0] is None  # oversubscribed
     assert cpus_for_process("0-1|6,7", 1, 2, mask, None)[0] == [6, 7]
+    assert cpus_for_process("auto", 1, 2, mask, None, threads=2)[0] == [4, 5]  # OMP_NUM_THREADS
     assert cpus_for_process("0-1", 1, 2, mask, None)[0] is None  # no group for process 1
 
 
@@ -69,12 +76,55 @@ def test_a_quota_cuts_the_threads_to_its_whole_cpus() -> None:
 def test_each_rank_takes_its_share_of_the_quota(monkeypatch: pytest.MonkeyPatch) -> None:
     import radixserve.engine.configs.server_args as server_args
 
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(server_args.os, "sched_getaffinity", lambda _pid: set(range(64)))
     monkeypatch.setattr(server_args, "cgroup_cpu_limit", lambda: 8.0)
     assert ServerArgs().cpu_threads_per_rank == 8
     assert ServerArgs(tp_size=2).cpu_threads_per_rank == 4
     monkeypatch.setattr(server_args, "cgroup_cpu_limit", lambda: None)
     assert ServerArgs(tp_size=2).cpu_threads_per_rank == 32
+
+
+def test_omp_num_threads_is_each_ranks_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deployer's OMP_NUM_THREADS (the operator's pod-request sizing) beats the mask and
+    the quota, per process as OpenMP reads it."""
+    import radixserve.engine.configs.server_args as server_args
+
+    assert [omp_num_threads(v) for v in ("4", " 8,2", None, "", "0", "-2", "x")] == [
+        4, 8, None, None, None, None, None,
+    ]  # fmt: skip
+    monkeypatch.setattr(server_args.os, "sched_getaffinity", lambda _pid: set(range(64)))
+    monkeypatch.setattr(server_args, "cgroup_cpu_limit", lambda: None)
+    monkeypatch.setenv("OMP_NUM_THREADS", "6")
+    assert ServerArgs().cpu_threads_per_rank == 6
+    assert ServerArgs(tp_size=2).cpu_threads_per_rank == 6
+    assert ServerArgs().chunk_size == 128 * 6
+    monkeypatch.setenv("OMP_NUM_THREADS", "0")  # asks for nothing: the mask decides
+    assert ServerArgs(tp_size=2).cpu_threads_per_rank == 32
+
+
+RANK_THREADS = """
+import sys, torch
+from radixserve.engine.configs.server_args import ServerArgs
+from radixserve.engine.distributed.parallel_state import RankSpec
+from radixserve.engine.scheduler.scheduler_process import _set_cpu_threads
+_set_cpu_threads(ServerArgs(tp_size=2), RankSpec(tp_rank=1, tp_size=2), 0)
+print(torch.get_num_threads())
+"""
+
+
+@pytest.mark.parametrize("omp", [None, "3"])
+def test_a_second_rank_sets_the_thread_count_it_was_given(omp: str | None) -> None:
+    """In a real process: without OMP_NUM_THREADS, rank 1 of 2 takes half the usable CPUs;
+    with it, the count given, though half of this host's CPUs is fewer."""
+    env = {k: v for k, v in child_env().items() if k != "OMP_NUM_THREADS"}
+    env.update({"OMP_NUM_THREADS": omp} if omp else {})
+    run = subprocess.run(
+        [sys.executable, "-c", RANK_THREADS], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    usable = usable_cpus(len(os.sched_getaffinity(0)), cgroup_cpu_limit())
+    assert int(run.stdout) == (int(omp) if omp else max(1, usable // 2))
 
 
 PROBE = """

@@ -136,7 +136,8 @@ def test_every_eviction_policy_is_accepted(policy: str) -> None:
     assert ServerArgs(radix_eviction_policy=policy).radix_eviction_policy == policy
 
 
-def test_defaults_are_valid() -> None:
+def test_defaults_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     args = ServerArgs()
     assert args.page_size == 1
     assert args.max_prefill_tokens == 16384
@@ -241,6 +242,7 @@ def test_cpu_chunk_default_follows_the_cores_of_a_rank(
 ) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cores)))
     monkeypatch.setattr(server_args, "cgroup_cpu_limit", lambda: None)  # whatever the host's
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     args = ServerArgs(tp_size=tp)
     assert args.cpu_threads_per_rank == cores // tp
     assert args.chunk_size == expected

@@ -36,7 +36,7 @@ from radixserve.operator.schema import (
     KVOffload,
     PvcSource,
 )
-from radixserve.operator.spec import API_KEY_ENV
+from radixserve.operator.spec import API_KEY_ENV, quantity_value
 
 MODELS_DIR = "/models"
 HICACHE_DIR = "/hicache"  # the file storage tier's mount
@@ -205,8 +205,21 @@ def _hicache_volume(file: FileStorage) -> dict[str, Any]:
     return {"name": "hicache", "emptyDir": {"sizeLimit": f"{limit_mi}Mi"}}
 
 
+def cpu_threads(e: EngineSpec) -> int | None:
+    """Torch threads per engine process of a CPU pod: its CPU request's whole CPUs, shared by
+    its ranks. The request sets no quota, so without this every rank would start one thread
+    per node core, and replicas sharing a node would spin against each other at every
+    barrier (docs/benchmarks.md, "Cores shared with another process")."""
+    if e.device != "cpu" or e.resources.cpu is None:
+        return None
+    return max(1, math.floor(quantity_value(e.resources.cpu)) // e.parallelism.ranks)
+
+
 def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
     ours: list[dict[str, Any]] = [{"name": "TRITON_CACHE_DIR", "value": TRITON_CACHE_DIR}]
+    threads = cpu_threads(spec.engine)
+    if threads is not None:
+        ours.append({"name": "OMP_NUM_THREADS", "value": str(threads)})
     source = spec.model.source
     if isinstance(source, HuggingFaceSource):
         ours.append({"name": "HF_HOME", "value": HF_HOME})  # the download goes to the emptyDir

@@ -62,6 +62,21 @@ _QUANTITY = re.compile(
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
+_QUANTITY_SCALE = MappingProxyType(
+    {"n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
+     "E": 1e18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+)  # fmt: skip
+
+
+def quantity_value(text: str) -> float:
+    """The number a Kubernetes quantity stands for: "500m" → 0.5, "2Gi" → 2**31, "1e3" → 1000
+    (`text` already matched _QUANTITY)."""
+    for suffix in sorted(_QUANTITY_SCALE, key=len, reverse=True):
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * _QUANTITY_SCALE[suffix]
+    return float(text)
+
+
 # Flags the operator derives from the spec: set twice, the engine would silently take the last.
 MANAGED_ENGINE_FLAGS = MappingProxyType(
     {

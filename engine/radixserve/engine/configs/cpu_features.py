@@ -1,6 +1,6 @@
 """What the host CPU can do, read from /proc/cpuinfo (Linux), used to pick CPU defaults; how
-many CPUs this process may use (its affinity mask and its cgroup's quota); and the CPU lists of
-`--cpu-bind`."""
+many CPUs this process may use (its affinity mask and its cgroup's quota) or was told to use
+(`OMP_NUM_THREADS`); and the CPU lists of `--cpu-bind`."""
 
 from __future__ import annotations
 
@@ -62,6 +62,13 @@ def cgroup_cpu_limit(path: Path = CGROUP_CPU_MAX, v1: Path = CGROUP_V1_CPU) -> f
     if quota in ("max", "-1") or not (quota.isdigit() and period.isdigit()) or int(period) == 0:
         return None
     return int(quota) / int(period)
+
+
+def omp_num_threads(value: str | None) -> int | None:
+    """The thread count an `OMP_NUM_THREADS` value asks for (OpenMP reads the first element of
+    a nested list, "8,2"), or None where it is unset or asks for none."""
+    first = (value or "").split(",")[0].strip()
+    return int(first) if first.isdigit() and int(first) > 0 else None
 
 
 def usable_cpus(mask_size: int, limit: float | None) -> int:

@@ -17,6 +17,7 @@ from radixserve.engine.configs.cpu_features import (
     cgroup_cpu_limit,
     check_cpu_bind,
     cpu_has_bf16,
+    omp_num_threads,
     usable_cpus,
 )
 from radixserve.engine.configs.model_checks import check_flag as _check
@@ -656,8 +657,13 @@ class ServerArgs:
 
     @property
     def cpu_threads_per_rank(self) -> int:
-        """Torch threads of each scheduler process on a CPU: its share of the usable cores (the
-        affinity mask, cut to a cgroup CPU quota)."""
+        """Torch threads of each scheduler process on a CPU: `OMP_NUM_THREADS` where the
+        deployer set it (per process, as OpenMP reads it; the operator sizes it to the pod's
+        CPU request), else its share of the usable cores (the affinity mask, cut to a cgroup
+        CPU quota)."""
+        explicit = omp_num_threads(os.environ.get("OMP_NUM_THREADS"))
+        if explicit is not None:
+            return explicit
         usable = usable_cpus(len(os.sched_getaffinity(0)), cgroup_cpu_limit())
         return max(1, usable // self.num_ranks)
 

@@ -26,9 +26,10 @@ logger = logging.getLogger(__name__)
 
 
 def cpus_for_process(
-    spec: str, index: int, count: int, mask: list[int], limit: float | None
+    spec: str, index: int, count: int, mask: list[int], limit: float | None, threads: int = 0
 ) -> tuple[list[int] | None, str]:
-    """The CPUs process `index` of `count` pins its threads to, or None, and why."""
+    """The CPUs process `index` of `count` pins its threads to, or None, and why. Under `auto`
+    a process given fewer `threads` than its share (`OMP_NUM_THREADS`) takes the first ones."""
     if spec == "none":
         return None, "cpu_bind=none"
     if spec != "auto":
@@ -41,16 +42,17 @@ def cpus_for_process(
     if limit is not None and limit < len(mask):
         return None, f"a cgroup CPU quota of {limit:g} CPUs under a mask of {len(mask)}"
     share = len(mask) // count
-    return mask[index * share : (index + 1) * share], "auto"
+    cpus = mask[index * share : (index + 1) * share]
+    return cpus[: min(share, threads or share)], "auto"
 
 
-def bind_process_threads(spec: str, index: int, count: int) -> list[int] | None:
+def bind_process_threads(spec: str, index: int, count: int, threads: int) -> list[int] | None:
     """Pin this process's torch threads per `spec` (see the module doc); the CPUs, or None
     where they were left to the OS (logged with the reason)."""
     from radixserve.kernels.cpu.affinity import bind_omp_threads
 
     mask = sorted(os.sched_getaffinity(0))
-    cpus, why = cpus_for_process(spec, index, count, mask, cgroup_cpu_limit())
+    cpus, why = cpus_for_process(spec, index, count, mask, cgroup_cpu_limit(), threads)
     if cpus is None:
         logger.info("cpu threads not pinned: %s", why)
         return None

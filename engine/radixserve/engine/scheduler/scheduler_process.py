@@ -248,8 +248,8 @@ def _channels(
 def _set_cpu_threads(args: ServerArgs, rank: RankSpec, dp_rank: int) -> None:
     """Ranks on one CPU share its cores: each takes its share of threads (without a cap each
     would start one per core), pinned to its own cores per --cpu-bind. A lone rank keeps
-    torch's default (one per physical core, or OMP_NUM_THREADS) unless a cgroup quota allows
-    fewer CPUs."""
+    torch's default (one per physical core) unless a cgroup quota allows fewer CPUs.
+    `OMP_NUM_THREADS`, where set, is every rank's count."""
     if args.device != "cpu":
         return
     threads = args.cpu_threads_per_rank
@@ -259,7 +259,7 @@ def _set_cpu_threads(args: ServerArgs, rank: RankSpec, dp_rank: int) -> None:
     # With the overlap loop the forward runs on a worker thread, which would inherit the
     # main thread's single pinned CPU (and so would its OpenMP team): no binding there.
     spec = "none" if args.overlap_schedule else args.cpu_bind
-    bind_process_threads(spec, index, args.num_ranks)
+    bind_process_threads(spec, index, args.num_ranks, threads)
 
 
 def run_scheduler_process(
