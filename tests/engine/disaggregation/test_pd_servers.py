@@ -5,6 +5,8 @@ mismatch refused on both sides."""
 
 from __future__ import annotations
 
+import json
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -129,25 +131,31 @@ def test_openai_chat_stream_through_the_pair(colocated: LiveServer, pair: Pair) 
     assert text == expected
 
 
-def _abandon(url: str, body: dict[str, Any], after_s: float) -> None:
-    """Send a request and hang up after `after_s` (the server sees a client disconnect)."""
-    with pytest.raises(httpx.TimeoutException):
-        httpx.post(url + "/generate", json=body, timeout=after_s)
+def _abandon(url: str, body: dict[str, Any], queue: tuple[LiveServer, str]) -> None:
+    """Send a request, wait until the server counts one request in `queue`, then hang up
+    (the server sees a client disconnect with the request parked there)."""
+    server, name = queue
+    payload = json.dumps(body).encode()
+    head = "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    address = httpx.URL(url)
+    with socket.create_connection((address.host, address.port or 80), timeout=30) as s:
+        s.sendall(f"{head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        _wait(lambda: load(server)[name] == 1, f"one request in {name}")
 
 
 def test_abort_in_every_queue_leaves_both_sides_at_rest(pair: Pair) -> None:
     body = {"text": "An abandoned request", "sampling_params": GREEDY}
     # prefill bootstrap queue: no decode ever asks for the room
-    _abandon(pair.prefill.base_url, {**body, **bootstrap_fields(pair)}, 3)
+    bootstrap = (pair.prefill, "num_prefill_bootstrap_queue_reqs")
+    _abandon(pair.prefill.base_url, {**body, **bootstrap_fields(pair)}, bootstrap)
     # decode pre-allocation queue: its prefill's bootstrap server does not answer
     nowhere = {**bootstrap_fields(pair), "bootstrap_port": free_port()}
-    _abandon(pair.decode.base_url, {**body, **nowhere}, 3)
+    _abandon(
+        pair.decode.base_url, {**body, **nowhere}, (pair.decode, "num_decode_prealloc_queue_reqs")
+    )
     # decode transfer queue: the prefill has the KVRequest but never gets the request
-    fields = bootstrap_fields(pair)
-    with ThreadPoolExecutor(1) as pool:
-        waiting = pool.submit(_abandon, pair.decode.base_url, {**body, **fields}, 8)
-        _wait(lambda: load(pair.decode)["num_decode_transfer_queue_reqs"] == 1, "in transfer")
-        waiting.result()
+    transfer = (pair.decode, "num_decode_transfer_queue_reqs")
+    _abandon(pair.decode.base_url, {**body, **bootstrap_fields(pair)}, transfer)
     _wait(lambda: at_rest(pair.prefill) and at_rest(pair.decode), "both sides at rest")
     # and the pair still serves
     p, d = send_both(pair, "/generate", body)
