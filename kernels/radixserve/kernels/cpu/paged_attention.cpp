@@ -245,17 +245,23 @@ bool attend_one_fast(int64_t groups, const T* q, const T* k, const T* v, const i
 }
 #endif
 
+// Work items per dynamic grab: 4 amortise the grabs at large batches, but at a few items
+// (B=1: one per KV head) a chunk of 4 would hand them all to one thread while the rest wait.
+inline int64_t decode_chunk(int64_t items, int num_threads) {
+  return items >= 8 * static_cast<int64_t>(num_threads) ? 4 : 1;
+}
+
 template <typename T, int64_t kD>
 void attend(const T* q, const T* k, const T* v, const int64_t* slots, const int64_t* kv_row,
             const int64_t* kv_len, T* out, const Shape& s, int num_threads) {
   const int64_t max_len = longest_row(kv_len, s.nrows);
   const int64_t groups = s.hq / s.hkv;
-  const int64_t items = s.nrows * s.hkv;
+  const int64_t items = s.nrows * s.hkv, chunk = decode_chunk(items, num_threads);
 #pragma omp parallel num_threads(num_threads)
   {
     std::vector<float> scores(groups * max_len);
     std::vector<float> acc(groups * s.d);
-#pragma omp for schedule(dynamic, 4)
+#pragma omp for schedule(dynamic, chunk)
     for (int64_t it = 0; it < items; ++it) {
       const int64_t r = it / s.hkv, h = it % s.hkv;
       const T* qr = q + r * s.q_stride;
@@ -292,6 +298,7 @@ void attend_shared(const uint16_t* q, const uint16_t* k, const uint16_t* v, cons
   for (int64_t i = 0; i < sp.n; ++i) member[sp.members[i]] = 1;
   const int64_t max_len = longest_row(kv_len, s.nrows);
   const int64_t tiles = (sp.n * groups + 15) / 16;
+  const int64_t chunk = decode_chunk(s.nrows * s.hkv, num_threads);
 #pragma omp parallel num_threads(num_threads)
   {
     const int64_t blocks = sp.len / kPrefixBlock;
@@ -313,7 +320,7 @@ void attend_shared(const uint16_t* q, const uint16_t* k, const uint16_t* v, cons
     }
     _tile_release();
     std::vector<float> scores(groups * max_len);
-#pragma omp for schedule(dynamic, 4)
+#pragma omp for schedule(dynamic, chunk)
     for (int64_t it = 0; it < s.nrows * s.hkv; ++it) {
       const int64_t r = it / s.hkv, h = it % s.hkv;
       const int64_t* sr = slots + kv_row[r] * s.slots_stride;
