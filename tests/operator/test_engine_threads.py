@@ -12,7 +12,7 @@ import pytest
 from radixserve.engine.configs.cli_args import server_args_from_namespace
 from radixserve.operator.engine_manifests import engine_container
 from radixserve.operator.spec import parse_spec, quantity_value
-from tests.operator.cases import SMOLLM_CPU
+from tests.operator.cases import SMOLLM_CPU, SMOLLM_PD
 from tests.operator.test_builders import _engine_namespace
 
 IMAGE = "radixserve/engine:test"
@@ -74,3 +74,12 @@ def test_the_users_thread_count_wins_and_gpu_or_unsized_pods_get_none() -> None:
         {"device": "cuda", "resources": {"cpu": "16"}},
     ):
         assert "OMP_NUM_THREADS" not in dict(_env(_container(engine)))
+
+
+def test_each_pd_pool_sizes_its_threads_from_its_own_request_and_ranks() -> None:
+    prefill = {**SMOLLM_PD["prefill"], "resources": {"cpu": "8"}, "parallelism": {"tp": 2}}
+    decode = {**SMOLLM_PD["decode"], "resources": {"cpu": "3"}}
+    spec = parse_spec({**SMOLLM_PD, "prefill": prefill, "decode": decode}, "chat")
+    for role, threads in (("prefill", "4"), ("decode", "3")):
+        container = engine_container(spec.for_role(role), IMAGE, role)
+        assert dict(_env(container))["OMP_NUM_THREADS"] == threads, role
