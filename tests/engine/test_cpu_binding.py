@@ -103,6 +103,22 @@ def test_omp_num_threads_is_each_ranks_count(monkeypatch: pytest.MonkeyPatch) ->
     assert ServerArgs(tp_size=2).cpu_threads_per_rank == 32
 
 
+def test_a_lone_rank_keeps_torchs_default_unless_told_fewer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import radixserve.engine.configs.server_args as server_args
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(server_args.os, "sched_getaffinity", lambda _pid: set(range(16)))
+    monkeypatch.setattr(server_args, "cgroup_cpu_limit", lambda: None)
+    assert ServerArgs().cpu_threads(8) == 8  # 16 logical CPUs, 8 physical cores: torch's count
+    assert ServerArgs(tp_size=4).cpu_threads(8) == 4  # ranks share the mask
+    monkeypatch.setattr(server_args, "cgroup_cpu_limit", lambda: 3.0)
+    assert ServerArgs().cpu_threads(8) == 3  # the quota's whole CPUs
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert ServerArgs().cpu_threads(2) == 2 and ServerArgs(tp_size=2).cpu_threads(2) == 2
+
+
 RANK_THREADS = """
 import sys, torch
 from radixserve.engine.configs.server_args import ServerArgs

@@ -667,6 +667,13 @@ class ServerArgs:
         usable = usable_cpus(len(os.sched_getaffinity(0)), cgroup_cpu_limit())
         return max(1, usable // self.num_ranks)
 
+    def cpu_threads(self, torch_default: int) -> int:
+        """Torch threads each scheduler process runs on a CPU: its share where ranks share the
+        CPU, or where OMP_NUM_THREADS or a quota asks for fewer than torch's default (one per
+        physical core); that default otherwise."""
+        threads = self.cpu_threads_per_rank
+        return threads if self.num_ranks > 1 or threads < torch_default else torch_default
+
     @property
     def num_ranks(self) -> int:
         """Scheduler processes of this server (one per rank)."""

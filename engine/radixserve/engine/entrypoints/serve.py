@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from types import MappingProxyType
 from typing import Any
 
+import torch
 import uvicorn
 from fastapi import FastAPI
 
@@ -154,7 +155,10 @@ def make_lifespan(state: ServerState) -> Any:
 
 def serve(args: ServerArgs) -> int:
     status_line(f"radixserve: loading {args.model_path} …")
-    status_line(f"radixserve: settings: {args.effective_settings()}")
+    threads = (
+        f" cpu_threads={args.cpu_threads(torch.get_num_threads())}" if args.device == "cpu" else ""
+    )
+    status_line(f"radixserve: settings: {args.effective_settings()}{threads}")
     children = launch_subprocesses(args)
     try:
         state = build_state(

@@ -20,6 +20,8 @@ from __future__ import annotations
 import logging
 import os
 
+import torch
+
 from radixserve.engine.configs.cpu_features import cgroup_cpu_limit, parse_cpu_list
 
 logger = logging.getLogger(__name__)
@@ -54,10 +56,15 @@ def bind_process_threads(spec: str, index: int, count: int, threads: int) -> lis
     mask = sorted(os.sched_getaffinity(0))
     cpus, why = cpus_for_process(spec, index, count, mask, cgroup_cpu_limit(), threads)
     if cpus is None:
-        logger.info("cpu threads not pinned: %s", why)
+        logger.info("%d cpu threads, not pinned: %s", torch.get_num_threads(), why)
         return None
     if not bind_omp_threads(cpus):
-        logger.warning("cpu threads not pinned: binding to %s failed (%s)", cpus, why)
+        logger.warning(
+            "%d cpu threads, not pinned: binding to %s failed (%s)",
+            torch.get_num_threads(),
+            cpus,
+            why,
+        )
         return None
-    logger.info("cpu threads pinned to %s (%s)", cpus, why)
+    logger.info("%d cpu threads pinned to %s (%s)", len(cpus), cpus, why)
     return cpus

@@ -252,9 +252,8 @@ def _set_cpu_threads(args: ServerArgs, rank: RankSpec, dp_rank: int) -> None:
     `OMP_NUM_THREADS`, where set, is every rank's count."""
     if args.device != "cpu":
         return
-    threads = args.cpu_threads_per_rank
-    if args.num_ranks > 1 or threads < torch.get_num_threads():
-        torch.set_num_threads(threads)
+    threads = args.cpu_threads(torch.get_num_threads())
+    torch.set_num_threads(threads)
     index = rank.tp_rank if args.enable_dp_attention else dp_rank * args.tp_size + rank.tp_rank
     # With the overlap loop the forward runs on a worker thread, which would inherit the
     # main thread's single pinned CPU (and so would its OpenMP team): no binding there.
