@@ -33,7 +33,10 @@
 # One server at a time (two servers on the same cores measure neither), each started fresh per
 # round, the order alternating (odd rounds vLLM first). Run it on an otherwise idle machine.
 #
-#   PEERS_DIR=/some/scratch [FAMILY=burst|closed|structured] scripts/bench_vs_vllm_cpu.sh [ROUNDS]  (8)
+#   PEERS_DIR=/some/scratch [FAMILY=burst|closed|structured|long] scripts/bench_vs_vllm_cpu.sh [ROUNDS]  (8)
+#   FIRST_ROUND=3 numbers the rounds from 3 (the order keeps alternating by the round's number),
+#   so a family too long for one sitting runs in parts into the same folder; the summary takes
+#   every round there with both servers' files. LONG_LENS="8064" picks the long family's lengths.
 #   extra flags for our server: OURS_FLAGS="--enable-mixed-chunk" ..., for vLLM: VLLM_FLAGS=...
 #   FAMILY=structured with JSON whitespace off on both sides (else the 135M model may write
 #   whitespace until max_tokens):
@@ -47,6 +50,7 @@ set -euo pipefail
 : "${PEERS_DIR:?set PEERS_DIR to the folder setup_vllm_cpu.sh installed into}"
 here=$(cd "$(dirname "$0")" && pwd)
 rounds=${1:-8}
+first=${FIRST_ROUND:-1}
 family=${FAMILY:-burst}
 out=bench-results/vs-vllm-$family
 vllm_port=30800
@@ -111,7 +115,7 @@ structured_family() {  # URL FILE_PREFIX
 
 long_family() {  # URL FILE_PREFIX MODEL
     local url=$1 prefix=$2 model=$3 len c n client seed
-    for len in 2048 4096 8064; do
+    for len in ${LONG_LENS:-2048 4096 8064}; do
         for c in 1 4; do
             n=$((c == 1 ? ${LONG_C1:-2} : ${LONG_C4:-4}))
             seed=$((len + c))
@@ -150,6 +154,7 @@ workloads() {  # URL FILE_PREFIX MODEL
 
 run_vllm() {  # ROUND
     local flags=${VLLM_FLAGS:-}
+    echo "[bench] round $1: vLLM-CPU from $(date -u +%H:%M:%S) UTC" >&2
     [[ $family == long ]] && flags="--max-model-len 8192 $flags"
     # shellcheck disable=SC2086  # a list of flags
     "$here/peers/start_vllm_cpu.sh" "$vllm_port" $flags
@@ -160,6 +165,7 @@ run_vllm() {  # ROUND
 }
 
 run_ours() {  # ROUND
+    echo "[bench] round $1: radixserve from $(date -u +%H:%M:%S) UTC" >&2
     # setsid: the server and its scheduler/detokenizer processes form one group to stop.
     # shellcheck disable=SC2086  # OURS_FLAGS is a list of flags
     setsid radixserve serve --port "$ours_port" ${OURS_FLAGS:-} >"$out/round$1-radixserve.log" 2>&1 &
@@ -169,18 +175,24 @@ run_ours() {  # ROUND
     stop_server
 }
 
-for r in $(seq "$rounds"); do
+for r in $(seq "$first" $((first + rounds - 1))); do
     if ((r % 2)); then run_vllm "$r"; run_ours "$r"; else run_ours "$r"; run_vllm "$r"; fi
 done
 
-python - "$out" "$rounds" "$family" <<'PY'
+python - "$out" "$family" <<'PY'
 import json
+import re
 import sys
 from pathlib import Path
 
-out, rounds, family = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+out, family = Path(sys.argv[1]), sys.argv[2]
+# every round in the folder with files from both servers (FIRST_ROUND runs add to it)
+found = {(int(m[1]), m[2]) for p in out.glob("round*-*.json")
+         if (m := re.match(r"round(\d+)-(vllm|radixserve)-", p.name))}
+rounds = sorted(r for r, server in found if server == "vllm" and (r, "radixserve") in found)
 if family in ("closed", "structured", "long"):
-    names = sorted({p.name.split("-", 2)[2].removesuffix(".json") for p in out.glob("round1-vllm-*.json")})
+    names = sorted({p.name.split("-", 2)[2].removesuffix(".json")
+                    for p in out.glob(f"round{rounds[0]}-vllm-*.json")})
     keys = ["output_throughput", "mean_tpot_ms", "mean_ttft_ms"]
     keys += ["output_tokens", "schema_valid"] if family == "structured" else []
     cols = [(w, k) for w in names for k in keys]
@@ -196,12 +208,12 @@ def value(r: int, server: str, workload: str, key: str) -> float:
     return float(data.get("results", data).get(key, "nan"))
 
 
-print("workload metric | " + " | ".join(f"r{r} vLLM / ours" for r in range(1, rounds + 1))
+print("workload metric | " + " | ".join(f"r{r} vLLM / ours" for r in rounds)
       + " | mean vLLM / ours (ratio)")
 for w, k in cols:
-    pairs = [(value(r, "vllm", w, k), value(r, "radixserve", w, k)) for r in range(1, rounds + 1)]
-    v = sum(p[0] for p in pairs) / rounds
-    o = sum(p[1] for p in pairs) / rounds
+    pairs = [(value(r, "vllm", w, k), value(r, "radixserve", w, k)) for r in rounds]
+    v = sum(p[0] for p in pairs) / len(rounds)
+    o = sum(p[1] for p in pairs) / len(rounds)
     cells = " | ".join(f"{a:.1f} / {b:.1f}" for a, b in pairs)
     print(f"{w} {k} | {cells} | {v:.1f} / {o:.1f} ({o / v:.2f}x)")
 PY
