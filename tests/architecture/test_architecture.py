@@ -49,6 +49,21 @@ def test_torch_free_packages_import_neither_torch_nor_engine(package: str) -> No
     assert result.stdout.strip() == "", f"{package} imports {result.stdout.strip()}"
 
 
+def test_the_server_starts_its_children_before_it_imports_torch() -> None:
+    """`radixserve serve` spawns its scheduler and detokenizer from `launch` before importing
+    torch and the HTTP stack, so their start-ups overlap; `launch` importing torch (or the
+    engine's torch modules) would put those imports back in front of the children."""
+    code = (
+        "import sys, radixserve.engine.entrypoints.launch; print(','.join(sorted(m for m in "
+        "sys.modules if m == 'torch' or m.startswith('torch.'))))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/",
+        env=child_env(),
+    )  # fmt: skip
+    assert result.stdout.strip() == "", f"launch imports {result.stdout.strip()}"
+
+
 def _python_files() -> list[Path]:
     files: list[Path] = []
     for d in SOURCE_DIRS:

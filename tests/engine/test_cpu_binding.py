@@ -122,7 +122,7 @@ def test_a_lone_rank_keeps_torchs_default_unless_told_fewer(
 RANK_THREADS = """
 import sys, torch
 from radixserve.engine.configs.server_args import ServerArgs
-from radixserve.engine.distributed.parallel_state import RankSpec
+from radixserve.engine.configs.rank_spec import RankSpec
 from radixserve.engine.scheduler.scheduler_process import _set_cpu_threads
 _set_cpu_threads(ServerArgs(tp_size=2), RankSpec(tp_rank=1, tp_size=2), 0)
 print(torch.get_num_threads())

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from radixserve.engine.configs.rank_spec import RankSpec
 from radixserve.engine.distributed.group import GroupHandle
 from radixserve.engine.distributed.parallel_state import (
     ParallelGroups,
-    RankSpec,
     destroy_parallel_groups,
     init_parallel_groups,
 )

@@ -5,7 +5,10 @@ ranks; with it one rendezvous holds all tp_size ranks. Each DP rank has its own 
 input (`PortArgs.scheduler_input_for`).
 
 Children are spawned (not forked: torch and ZMQ state must not be shared), ignore SIGINT
-(the parent owns Ctrl-C) and are SIGKILLed by the kernel if the parent dies.
+(the parent owns Ctrl-C) and are SIGKILLed by the kernel if the parent dies. This module does
+not import torch (the layout checks that need it import it themselves): `serve` starts the
+children (`start_subprocesses`) before it imports the HTTP side, so the children's start-up and
+the parent's imports overlap, then waits for them (`wait_until_ready`).
 """
 
 from __future__ import annotations
@@ -28,12 +31,11 @@ from radixserve.engine.configs.model_checks import (
     check_mlp_layout,
     check_tp_layout,
 )
+from radixserve.engine.configs.rank_spec import RankSpec
 from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.configs.speculative_args import DRAFT_MODEL_ALGORITHMS, check_draft_model
-from radixserve.engine.distributed import RankSpec
 from radixserve.engine.entrypoints.process_utils import configure_child_logging, die_with_parent
 from radixserve.engine.ipc.channels import PortArgs
-from radixserve.engine.model_loader import load_model_files, resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +117,8 @@ def check_draft_layout(args: ServerArgs) -> None:
     draft_path = args.speculative_draft_model_path
     if args.speculative_algorithm not in DRAFT_MODEL_ALGORITHMS or draft_path is None:
         return
+    from radixserve.engine.model_loader import load_model_files, resolve_model  # torch
+
     target = load_model_files(resolve_model(args.model_path, args.revision), args.resolved_dtype)
     try:
         draft = load_model_files(resolve_model(draft_path), args.resolved_dtype)
@@ -132,6 +136,8 @@ def check_parallel_layout(args: ServerArgs) -> None:
     import torch  # the engine extra; only needed to count devices
 
     check_devices(args, torch.cuda.device_count() if args.device.startswith("cuda") else 0)
+    from radixserve.engine.model_loader import load_model_files, resolve_model
+
     source = resolve_model(args.model_path, args.revision)
     config = load_model_files(source, args.resolved_dtype).config
     check_tp_layout(config, args.attn_tp_size, args.enable_dp_attention)
@@ -175,9 +181,18 @@ def _rank_layout(args: ServerArgs) -> list[tuple[int, RankSpec]]:
     return out
 
 
-def launch_subprocesses(args: ServerArgs) -> ChildProcesses:
-    """Start tp_size schedulers for each of the dp_size DP ranks + the detokenizer; return
-    once every rank is ready."""
+@dataclass(slots=True)
+class StartedChildren:
+    """Children started, not yet known to be ready: each rank's start-up pipe beside them."""
+
+    children: ChildProcesses
+    readers: list[Any]
+    attn_tp_size: int
+
+
+def start_subprocesses(args: ServerArgs) -> StartedChildren:
+    """Check the layout, then start tp_size schedulers for each of the dp_size DP ranks + the
+    detokenizer, without waiting for them."""
     check_parallel_layout(args)
     check_draft_layout(args)
     ctx = mp.get_context("spawn")
@@ -204,11 +219,22 @@ def launch_subprocesses(args: ServerArgs) -> ChildProcesses:
     with _child_environment(args):
         for p in children.procs:
             p.start()
-    infos = [_wait_ready(children, reader) for reader in readers]
-    children.rank_infos = infos[:: args.attn_tp_size]
+    return StartedChildren(children, readers, args.attn_tp_size)
+
+
+def wait_until_ready(started: StartedChildren) -> ChildProcesses:
+    """Every rank's start-up handshake; the children, shut down if one fails."""
+    children = started.children
+    infos = [_wait_ready(children, reader) for reader in started.readers]
+    children.rank_infos = infos[:: started.attn_tp_size]
     children.scheduler_info = infos[0]
     logger.info("scheduler ready %s", infos[0])
     return children
+
+
+def launch_subprocesses(args: ServerArgs) -> ChildProcesses:
+    """Start every child and return once every rank is ready."""
+    return wait_until_ready(start_subprocesses(args))
 
 
 def _wait_ready(children: ChildProcesses, reader: Any) -> dict[str, Any]:

@@ -24,7 +24,12 @@ from fastapi import FastAPI
 from radixserve.engine.configs.server_args import ServerArgs
 from radixserve.engine.entrypoints.generation import collect
 from radixserve.engine.entrypoints.http_server import create_app
-from radixserve.engine.entrypoints.launch import ChildProcesses, launch_subprocesses
+from radixserve.engine.entrypoints.launch import (
+    ChildProcesses,
+    StartedChildren,
+    start_subprocesses,
+    wait_until_ready,
+)
 from radixserve.engine.entrypoints.reasoning import template_thinks_by_default
 from radixserve.engine.entrypoints.request_builder import (
     OutputOptions,
@@ -153,13 +158,17 @@ def make_lifespan(state: ServerState) -> Any:
     return lifespan
 
 
-def serve(args: ServerArgs) -> int:
-    status_line(f"radixserve: loading {args.model_path} …")
+def serve(args: ServerArgs, started: StartedChildren | None = None) -> int:
+    """Serve until stopped; `started`: the children `start_subprocesses` already started
+    (`radixserve serve` starts them before importing this module)."""
+    if started is None:
+        status_line(f"radixserve: loading {args.model_path} …")
+        started = start_subprocesses(args)
     threads = (
         f" cpu_threads={args.cpu_threads(torch.get_num_threads())}" if args.device == "cpu" else ""
     )
     status_line(f"radixserve: settings: {args.effective_settings()}{threads}")
-    children = launch_subprocesses(args)
+    children = wait_until_ready(started)
     try:
         state = build_state(
             args,
