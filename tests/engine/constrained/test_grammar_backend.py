@@ -26,11 +26,17 @@ VOCAB = 49152
 
 
 @pytest.fixture(scope="module")
-def backend() -> Any:
-    tok = load_tokenizer(resolve_model(SMOLLM))
-    b = XGrammarBackend(tok, VOCAB, [tok.eos_token_id], JsonOptions())
+def tok() -> Any:
+    return load_tokenizer(resolve_model(SMOLLM))
+
+
+@pytest.fixture(scope="module")
+def backend(tok: Any) -> Any:
+    loads: list[int] = []
+    b = XGrammarBackend(lambda: loads.append(1) or tok, VOCAB, [tok.eos_token_id], JsonOptions())
     yield b
     b.shutdown()
+    assert len(loads) == 1  # the tokenizer, loaded at the first compilation, once
 
 
 def _get(backend: XGrammarBackend, key: GrammarKey) -> Any:
@@ -38,7 +44,7 @@ def _get(backend: XGrammarBackend, key: GrammarKey) -> Any:
     return backend.resolve(key, got) if isinstance(got, Future) else got
 
 
-def test_compiles_once_then_hits_the_cache(backend: XGrammarBackend) -> None:
+def test_compiles_once_then_hits_the_cache(backend: XGrammarBackend, tok: Any) -> None:
     key = GrammarKey("regex", "(yes|no)")
     first = backend.get(key)
     assert isinstance(first, Future)
@@ -47,9 +53,9 @@ def test_compiles_once_then_hits_the_cache(backend: XGrammarBackend) -> None:
     b = backend.get(key)  # cached: a fresh matcher at once
     assert not isinstance(a, InvalidGrammar | Future) and not isinstance(b, InvalidGrammar | Future)
     assert a is not b
-    yes = backend.tokenizer.encode("yes", add_special_tokens=False)
+    yes = tok.encode("yes", add_special_tokens=False)
     assert all(a.accept_token(t) for t in yes)
-    assert not b.accept_token(backend.tokenizer.encode("maybe", add_special_tokens=False)[0])
+    assert not b.accept_token(tok.encode("maybe", add_special_tokens=False)[0])
     assert all(b.accept_token(t) for t in yes)  # b started at the beginning, not after a
 
 
@@ -70,8 +76,9 @@ def test_masks_open_rows_without_grammar(backend: XGrammarBackend) -> None:
     assert fill_vocab_masks([None, None], VOCAB) is None
 
 
-def test_reasoner_grammar_constrains_only_after_think_end(backend: XGrammarBackend) -> None:
-    tok = backend.tokenizer
+def test_reasoner_grammar_constrains_only_after_think_end(
+    backend: XGrammarBackend, tok: Any
+) -> None:
     end_ids = tok.encode("</think>", add_special_tokens=False)
     grammar = ReasonerGrammar(_get(backend, GrammarKey("regex", "(yes|no)")), end_ids)
     for t in tok.encode("<think>anything at all, even yes", add_special_tokens=False):

@@ -7,7 +7,7 @@ process (the key and the backend).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from .base_grammar_backend import BaseGrammarBackend, GrammarKey, error_reason
@@ -69,12 +69,13 @@ def _what(key: GrammarKey) -> str:
 
 def create_grammar_backend(
     name: str,
-    tokenizer: Any,
+    tokenizer: Callable[[], Any],
     vocab_size: int,
     stop_token_ids: Sequence[int],
     options: JsonOptions,
 ) -> BaseGrammarBackend | None:
-    """The backend `--grammar-backend` names; None for "none"."""
+    """The backend `--grammar-backend` names (`tokenizer` loads the model's tokenizer when the
+    backend first needs it); None for "none"."""
     if name == "none":
         return None
     if name == "xgrammar":

@@ -10,12 +10,14 @@ grammar against its tokenizer (`XGrammarBackend`, on the backend's worker thread
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import xgrammar as xgr
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
 
 from .base_grammar_backend import BaseGrammarBackend, BaseGrammarObject, GrammarKey
 
@@ -33,6 +35,8 @@ class JsonOptions:
 
 def build_grammar(key: GrammarKey, options: JsonOptions = JsonOptions()) -> xgr.Grammar:
     """The xgrammar grammar of `key`; ValueError (or xgrammar's RuntimeError) when invalid."""
+    import xgrammar as xgr  # ~0.2 s beyond transformers: paid where a grammar first comes
+
     if "\x00" in key.text:  # xgrammar's C++ side stops at NUL: refuse rather than truncate
         raise ValueError("must not contain NUL characters")
     if key.kind == "json":
@@ -97,6 +101,8 @@ class XGrammarGrammar(BaseGrammarObject):
     """One request's xgrammar matcher."""
 
     def __init__(self, compiled: xgr.CompiledGrammar, stop_token_ids: Sequence[int]) -> None:
+        import xgrammar as xgr
+
         self.compiled = compiled
         self.stop_token_ids = list(stop_token_ids)
         self.matcher = xgr.GrammarMatcher(
@@ -117,30 +123,45 @@ class XGrammarGrammar(BaseGrammarObject):
 
 
 class XGrammarBackend(BaseGrammarBackend):
-    """Compiles against the model's tokenizer; the model's EOS ids end every grammar."""
+    """Compiles against the model's tokenizer; the given stop ids and the tokenizer's EOS end
+    every grammar. The tokenizer and xgrammar's vocabulary tables are built by the worker
+    thread at the first compilation (~0.7 s on 2 cores): a server's start-up does not wait for
+    them, and one that never sees a grammar never builds them."""
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: Callable[[], Any],
         vocab_size: int,
         stop_token_ids: Sequence[int],
         options: JsonOptions = JsonOptions(),
     ) -> None:
         super().__init__(vocab_size)
         self.options = options
-        self.tokenizer = tokenizer
-        self.stop_token_ids = sorted(stop_token_ids)
-        info = xgr.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=vocab_size, stop_token_ids=self.stop_token_ids
-        )
-        # one compile thread: the backend's worker; xgrammar's own pool would take the cores
-        # the forward needs
-        self.compiler = xgr.GrammarCompiler(info, max_threads=1)
+        self._load_tokenizer = tokenizer
+        self.stop_token_ids = sorted(set(stop_token_ids))
+        self._compiler: Any = None  # xgrammar's GrammarCompiler, once built
+
+    def _grammar_compiler(self) -> Any:
+        """The compiler, built on first use (worker thread only)."""
+        if self._compiler is None:
+            import xgrammar as xgr
+
+            tokenizer = self._load_tokenizer()
+            if tokenizer.eos_token_id is not None:
+                self.stop_token_ids = sorted({*self.stop_token_ids, tokenizer.eos_token_id})
+            info = xgr.TokenizerInfo.from_huggingface(
+                tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
+            )
+            # one compile thread: the backend's worker; xgrammar's own pool would take the
+            # cores the forward needs
+            self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        return self._compiler
 
     def compile(self, key: GrammarKey) -> XGrammarGrammar:
-        compiled = self.compiler.compile_grammar(build_grammar(key, self.options))
+        compiled = self._grammar_compiler().compile_grammar(build_grammar(key, self.options))
         return XGrammarGrammar(compiled, self.stop_token_ids)
 
     def reset(self) -> None:
         super().reset()
-        self.compiler.clear_cache()
+        if self._compiler is not None:
+            self._compiler.clear_cache()

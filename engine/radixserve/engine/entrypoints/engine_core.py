@@ -62,7 +62,9 @@ class EngineCore:
             _core = SchedulerCore(args)
         self.core = _core
         self.server_args = self.core.server_args
-        self.tokenizer = _tokenizer or _core.tokenizer or load_tokenizer(_core.source)
+        # the grammar backend's cached loader where there is one: one tokenizer for both
+        shared = _core.load_tokenizer
+        self.tokenizer = _tokenizer or (shared() if shared else load_tokenizer(_core.source))
         self.detok = IncrementalDetokenizer.for_tokenizer(self.tokenizer)
         self.model_config = self.core.model_config
         self.runner = self.core.runner

@@ -14,6 +14,10 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+# check_grammar builds xgrammar grammars in the event loop: import xgrammar with the server,
+# not during the first constrained request (the scheduler imports it only when it compiles).
+import xgrammar  # noqa: F401
+
 from radixserve.engine.constrained import check_grammar
 from radixserve.engine.disaggregation.wire import FAKE_BOOTSTRAP_HOST
 from radixserve.engine.ipc.messages import Bootstrap

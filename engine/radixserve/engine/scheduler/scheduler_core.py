@@ -4,13 +4,16 @@ Scheduler built once, and `make_req` turning a TokenizedGenerateReq into a Req.
 Runs in the scheduler process (`scheduler_process.py`) and, in-process, inside the offline
 `EngineCore` (entrypoints), which reuses it. It trusts its input: requests were validated at the
 edge. Per-request sampling generators live on the runner's device. It loads the tokenizer only
-for the grammar backend: the tokenizer's EOS id comes with each request, and stop strings are
-the detokenizer's.
+for the grammar backend, when that first compiles (or at once for a reasoning parser's
+"</think>" ids): the tokenizer's EOS id comes with each request, and stop strings are the
+detokenizer's.
 """
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -77,7 +80,8 @@ class SchedulerCore:
         groups: ParallelGroups | None = None,
     ) -> None:
         self.server_args = args
-        self.tokenizer: Any = None  # loaded for the grammar backend only
+        # the tokenizer, loaded once when the grammar backend first needs it
+        self.load_tokenizer: Callable[[], Any] | None = None
         torch.manual_seed(args.random_seed)
         self.source: ModelSource
         self.files: LoadedModelFiles
@@ -121,27 +125,24 @@ class SchedulerCore:
     def _grammar_backend(
         self, args: ServerArgs, reuse: SchedulerCore | None
     ) -> BaseGrammarBackend | None:
-        """The --grammar-backend, compiling against the model's tokenizer (loaded here only for
-        it: the scheduler otherwise needs none)."""
+        """The --grammar-backend, compiling against the model's tokenizer (loaded only for it,
+        once, shared with a `with_args` core; the scheduler otherwise needs none)."""
         if args.grammar_backend == "none":
             return None
-        if reuse is not None and reuse.tokenizer is not None:
-            tokenizer = reuse.tokenizer
+        if reuse is not None and reuse.load_tokenizer is not None:
+            self.load_tokenizer = reuse.load_tokenizer
         else:
-            tokenizer = load_tokenizer(self.source)
-        self.tokenizer = tokenizer
-        eos = set(self.eos_token_ids)
-        if tokenizer.eos_token_id is not None:
-            eos.add(tokenizer.eos_token_id)
+            self.load_tokenizer = functools.cache(functools.partial(load_tokenizer, self.source))
         options = JsonOptions(
             not args.constrained_json_disable_any_whitespace,
             args.constrained_json_max_whitespace_cnt,
         )
         vocab = self.model_config.vocab_size
         backend = create_grammar_backend(
-            args.grammar_backend, tokenizer, vocab, sorted(eos), options
+            args.grammar_backend, self.load_tokenizer, vocab, sorted(self.eos_token_ids), options
         )
         if backend is not None and args.reasoning_parser is not None:
+            tokenizer = self.load_tokenizer()
             backend.think_end_ids = list(tokenizer.encode(THINK_END, add_special_tokens=False))
         return backend
 
