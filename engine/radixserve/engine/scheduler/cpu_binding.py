@@ -44,8 +44,7 @@ def cpus_for_process(
     if limit is not None and limit < len(mask):
         return None, f"a cgroup CPU quota of {limit:g} CPUs under a mask of {len(mask)}"
     share = len(mask) // count
-    cpus = mask[index * share : (index + 1) * share]
-    return cpus[: min(share, threads or share)], "auto"
+    return mask[index * share : index * share + min(share, threads or share)], "auto"
 
 
 def bind_process_threads(spec: str, index: int, count: int, threads: int) -> list[int] | None:
